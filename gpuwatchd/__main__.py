@@ -1,0 +1,3 @@
+from gpuwatchd.cli import main
+
+main()

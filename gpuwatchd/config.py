@@ -1,0 +1,98 @@
+"""The daemon's configuration: one frozen tree, loaded from YAML.
+
+The documented default is `config/gpuwatchd.yaml`; every key there is a
+field here, and a test keeps the two in step. Thresholds of a check live in
+that check's module, beside the reason for their default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from gpuwatchd.settings import Seconds, load, load_file
+
+DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
+DEFAULT_LISTEN = "127.0.0.1:9477"
+SOURCE_NAMES = ("nvml", "infiniband")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` (or `[v6]:PORT`) into its parts."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"listen must be HOST:PORT such as {DEFAULT_LISTEN}, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    # How often every source is read. 10 s matches dcgm-exporter's default
+    # collection interval and Prometheus' common scrape interval.
+    poll_interval: Seconds = 10.0
+    # Where /metrics, /healthz and /api/v1 are served. Loopback by default: the
+    # control API must not be reachable from the network unless asked for.
+    listen: str = DEFAULT_LISTEN
+    # Quarantines, the journal and rates across restarts live here.
+    state_dir: str = "/var/lib/gpuwatchd"
+    # How much history each subject keeps for the checks' windows.
+    history: Seconds = 3600.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        parse_listen(self.listen)
+        if self.poll_interval <= 0:
+            raise ValueError("poll_interval must be more than 0s")
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError("log_level must be debug, info, warning or error")
+
+
+@dataclass(frozen=True)
+class NvmlSourceConfig:
+    enabled: bool = True
+    # Listen for XID critical errors through an NVML event set.
+    xid_events: bool = True
+
+
+@dataclass(frozen=True)
+class InfinibandSourceConfig:
+    enabled: bool = True
+    # The root under which class/infiniband is read; a captured tree works too.
+    sysfs_root: str = "/sys"
+    # HCAs not to read at all (some restricted ConnectX-7 functions flood the
+    # kernel log with ACCESS_REG errors when their counters are read).
+    exclude_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    nvml: NvmlSourceConfig = field(default_factory=NvmlSourceConfig)
+    infiniband: InfinibandSourceConfig = field(default_factory=InfinibandSourceConfig)
+
+    def enabled(self) -> tuple[str, ...]:
+        return tuple(name for name in SOURCE_NAMES if getattr(self, name).enabled)
+
+    def only(self, names: tuple[str, ...]) -> SourcesConfig:
+        """The same settings with exactly `names` enabled (`run --source`)."""
+        unknown = set(names) - set(SOURCE_NAMES)
+        if unknown:
+            raise ValueError(f"unknown source(s): {', '.join(sorted(unknown))}")
+        return replace(
+            self,
+            nvml=replace(self.nvml, enabled="nvml" in names),
+            infiniband=replace(self.infiniband, enabled="infiniband" in names),
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
+
+
+def load_config(path: str | None) -> Config:
+    """The config at `path`; the defaults when `path` is None."""
+    return Config() if path is None else load_file(Config, path)
+
+
+def parse_config(text: str, filename: str = "<config>") -> Config:
+    return load(Config, text, filename)

@@ -1,0 +1,100 @@
+"""Counter maths, in one place: increases and rates over a window of samples.
+
+Hardware counters are cumulative but not well behaved: a driver reload or GPU
+reset sets them back to zero, and the narrow IBTA error counters saturate at
+2**bits - 1 instead of wrapping. Every check takes its deltas from here, so
+that no check ever sees a negative or absurd rate.
+
+Semantics follow Prometheus' `increase()`: a value lower than the previous one
+is a reset, and the new value is what was counted since the reset. A value at
+the saturation maximum means "at least this many, the true delta is unknown
+since": the increase up to the saturation point is kept and the result is
+flagged `saturated`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Increase:
+    """How much a counter grew over `seconds`, with what made that uncertain."""
+
+    increase: float
+    seconds: float
+    resets: int = 0
+    saturated: bool = False
+
+    @property
+    def rate(self) -> float:
+        """Per second; zero over an empty interval rather than a division by zero."""
+        return self.increase / self.seconds if self.seconds > 0 else 0.0
+
+
+def saturation_max(bits: int | None) -> int | None:
+    return None if bits is None else (1 << bits) - 1
+
+
+def increase(
+    points: Sequence[tuple[float, int | float | None]],
+    *,
+    bits: int | None = None,
+) -> Increase:
+    """The increase over the given (time, value) points, oldest first.
+
+    Absent values (None) are skipped: the next present value is compared with
+    the last present one. `bits` is the counter's width where it saturates.
+    """
+    limit = saturation_max(bits)
+    total = 0.0
+    resets = 0
+    saturated = False
+    first_time: float | None = None
+    last_time = 0.0
+    previous: float | None = None
+    for time, value in points:
+        if value is None:
+            continue
+        if first_time is None:
+            first_time = time
+        last_time = time
+        if limit is not None and value >= limit:
+            saturated = True
+        if previous is not None:
+            if value >= previous:
+                total += value - previous
+            else:
+                resets += 1
+                total += value
+        previous = value
+    seconds = 0.0 if first_time is None else last_time - first_time
+    return Increase(increase=total, seconds=seconds, resets=resets, saturated=saturated)
+
+
+def window(
+    points: Sequence[tuple[float, int | float | None]], now: float, seconds: float
+) -> Sequence[tuple[float, int | float | None]]:
+    """The points of the last `seconds`, plus the one just before, so that the
+    first interval of the window is counted too."""
+    start = now - seconds
+    first = 0
+    for position, (time, _) in enumerate(points):
+        if time >= start:
+            first = max(0, position - 1)
+            break
+    else:
+        first = max(0, len(points) - 1)
+    return points[first:]
+
+
+def increase_over(
+    points: Sequence[tuple[float, int | float | None]],
+    now: float,
+    seconds: float,
+    *,
+    bits: int | None = None,
+) -> Increase:
+    """The increase within the last `seconds` before `now`."""
+    return increase(window(points, now, seconds), bits=bits)

@@ -1,0 +1,1 @@
+"""Rendering of a Snapshot into Prometheus metric families, one module per domain."""

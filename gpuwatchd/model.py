@@ -1,0 +1,260 @@
+"""Model objects that flow from the sources to the checks, policy and exporter.
+
+Everything here is immutable. A value the hardware did not give is `None`
+(or a missing mapping key), never zero: absent is not zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+EMPTY: Mapping[str, int] = MappingProxyType({})
+
+
+def frozen_map(values: Mapping[str, int] | None = None) -> Mapping[str, int]:
+    """A read-only copy, so a sample cannot be changed after it was taken."""
+    return MappingProxyType(dict(values or {}))
+
+
+# The clocks-event (throttle) reason bits of nvmlDeviceGetCurrentClocksEventReasons,
+# under the label values exported in gpuwatchd_gpu_clocks_event_active{reason}.
+CLOCKS_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
+    {
+        "gpu_idle": 0x1,
+        "applications_clocks_setting": 0x2,
+        "sw_power_cap": 0x4,
+        "hw_slowdown": 0x8,
+        "sync_boost": 0x10,
+        "sw_thermal_slowdown": 0x20,
+        "hw_thermal_slowdown": 0x40,
+        "hw_power_brake_slowdown": 0x80,
+        "display_clocks_setting": 0x100,
+    }
+)
+
+# Cumulative violation (throttle) time, by NVML perf policy, under the label
+# values of gpuwatchd_gpu_throttle_seconds_total{reason}.
+THROTTLE_REASONS: tuple[str, ...] = (
+    "power",
+    "thermal",
+    "sync_boost",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+)
+
+# NVLink error counters, under the label values of gpuwatchd_nvlink_errors_total{type}.
+NVLINK_ERROR_TYPES: tuple[str, ...] = ("crc_flit", "crc_data", "replay", "recovery", "ecc_data")
+
+ECC_TYPES: tuple[str, ...] = ("corrected", "uncorrected")
+ECC_SCOPES: tuple[str, ...] = ("volatile", "aggregate")
+
+# Retired pages (pre-Ampere page retirement), by cause.
+RETIRED_PAGE_CAUSES: tuple[str, ...] = ("multiple_single_bit", "double_bit")
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """One NVLink of one GPU."""
+
+    gpu: int
+    link: int
+    up: bool | None
+    errors: Mapping[str, int] = EMPTY  # NVLINK_ERROR_TYPES -> cumulative count
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU. `up` is False for a GPU that is lost (off the bus)."""
+
+    index: int
+    up: bool
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    temperature_gpu_celsius: float | None = None
+    temperature_memory_celsius: float | None = None
+    temperature_slowdown_celsius: float | None = None
+    temperature_shutdown_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    sm_max_clock_hertz: float | None = None
+    memory_max_clock_hertz: float | None = None
+    sm_application_clock_hertz: float | None = None
+    memory_application_clock_hertz: float | None = None
+    sm_default_application_clock_hertz: float | None = None
+    clocks_event_reasons: int | None = None  # bitmask, see CLOCKS_EVENT_REASONS
+    throttle_seconds: Mapping[str, float] = field(default_factory=dict)  # THROTTLE_REASONS
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    utilization_gpu_ratio: float | None = None
+    utilization_memory_ratio: float | None = None
+    ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (type, scope)
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages: Mapping[str, int] = EMPTY  # RETIRED_PAGE_CAUSES -> count
+    retired_pages_pending: bool | None = None
+    nvlinks: tuple[LinkSample, ...] = ()
+    # Every XID seen on this GPU since the daemon started, counted per code.
+    xid_counts: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def subject(self) -> str:
+        return f"gpu:{self.index}"
+
+    def reason_active(self, reason: str) -> bool | None:
+        if self.clocks_event_reasons is None:
+            return None
+        return bool(self.clocks_event_reasons & CLOCKS_EVENT_REASONS[reason])
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One XID critical error, stamped on receipt (NVML gives no timestamp)."""
+
+    gpu: int
+    code: int
+    time: float
+    uuid: str | None = None
+
+
+@dataclass(frozen=True)
+class InfinibandDevice:
+    """Static facts of one HCA (`class/infiniband/<device>`)."""
+
+    device: str
+    board_id: str | None = None
+    firmware_version: str | None = None
+    hca_type: str | None = None
+    node_guid: str | None = None
+
+
+@dataclass(frozen=True)
+class PortSample:
+    """One InfiniBand (or RoCE) port: state, rate and every counter file.
+
+    `counters` and `hw_counters` hold the files under `counters/` and
+    `hw_counters/` by file name; `port_rcv_data` and `port_xmit_data` are
+    already converted from 4-byte words to bytes.
+    """
+
+    device: str
+    port: int
+    state_id: int | None = None
+    state: str | None = None
+    physical_state_id: int | None = None
+    physical_state: str | None = None
+    rate_bytes_per_second: float | None = None
+    link_layer: str | None = None
+    counters: Mapping[str, int] = EMPTY
+    hw_counters: Mapping[str, int] = EMPTY
+
+    @property
+    def subject(self) -> str:
+        return f"ib:{self.device}/{self.port}"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one source returned from one poll. A source fills only its own part."""
+
+    source: str
+    time: float
+    gpus: tuple[GpuSample, ...] | None = None
+    xid_events: tuple[XidEvent, ...] = ()
+    infiniband_devices: tuple[InfinibandDevice, ...] | None = None
+    ports: tuple[PortSample, ...] | None = None
+    driver_version: str | None = None
+    error: str | None = None  # the source as a whole failed this poll
+
+
+class Severity(enum.IntEnum):
+    OK = 0
+    WARN = 1
+    CRITICAL = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Health(enum.IntEnum):
+    HEALTHY = 0
+    DEGRADED = 1
+    UNHEALTHY = 2
+    QUARANTINED = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Action(enum.Enum):
+    """What an operator (or the scheduler) should do about a finding."""
+
+    NONE = "none"
+    RESTART_APP = "restart_app"
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    INSPECT_HARDWARE = "inspect_hardware"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A check's verdict on one subject.
+
+    `code` is a stable fault code (`nvlink_crc_storm`, `ecc_uncorrectable`);
+    `evidence` holds the numbers the verdict rests on; `definitive` marks a
+    hardware fault that quarantines at once (no confirmation window).
+    """
+
+    subject: str
+    check: str
+    code: str
+    severity: Severity
+    message: str
+    action: Action = Action.NONE
+    evidence: Mapping[str, float | int | str] = field(default_factory=dict)
+    definitive: bool = False
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A value a check derived (a ratio over a window, say), exported as the
+    gauge `gpuwatchd_<name>` with `labels`."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A subject taken out of service. `hardware` ones are never auto-released;
+    `source` is `auto` or `manual` (manual ones are released only manually)."""
+
+    subject: str
+    reason: str
+    source: str
+    since: float
+    hardware: bool = False
+    operator: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A quarantine or release of a subject, as policy decided it."""
+
+    kind: str  # "quarantine" | "release"
+    subject: str
+    reason: str
+    source: str  # "auto" | "manual"
+    time: float
+    dry_run: bool = False
+    code: str | None = None

@@ -1,0 +1,158 @@
+"""Typed, frozen settings loaded from YAML, with errors that name file, line and key.
+
+Each layer declares its own settings as frozen dataclasses beside the code
+that uses them (a check's thresholds live in the check's module, with their
+source in a comment). `load(cls, text, filename)` builds such a dataclass
+from YAML: unknown keys, wrong types and bad values are errors that say where
+they are, never silently ignored. Durations are declared as `Seconds` and
+accept `500ms`, `10s`, `5m`; rates as `PerSecond` and accept `N/s`, `N/min`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+
+import yaml
+
+from gpuwatchd.units import parse_duration, parse_rate
+
+T = TypeVar("T")
+
+
+class _Parser:
+    def __init__(self, parse: Callable[[object], float]) -> None:
+        self.parse = parse
+
+
+Seconds = Annotated[float, _Parser(parse_duration)]
+PerSecond = Annotated[float, _Parser(parse_rate)]
+
+
+class SettingsError(ValueError):
+    """A settings file that cannot be used; the message names file, line and key."""
+
+    def __init__(self, filename: str, line: int | None, key: str, problem: str) -> None:
+        where = f"{filename}:{line}" if line is not None else filename
+        super().__init__(f"{where}: {key or '(top level)'}: {problem}")
+        self.filename = filename
+        self.line = line
+        self.key = key
+        self.problem = problem
+
+
+class _Loader:
+    def __init__(self, filename: str) -> None:
+        self.filename = filename
+
+    def fail(self, node: yaml.Node | None, key: str, problem: str) -> typing.NoReturn:
+        line = node.start_mark.line + 1 if node is not None else None
+        raise SettingsError(self.filename, line, key, problem)
+
+    def build(self, tp: Any, node: yaml.Node, key: str) -> Any:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            base, *extras = get_args(tp)
+            parser = next((extra for extra in extras if isinstance(extra, _Parser)), None)
+            if parser is None:
+                return self.build(base, node, key)
+            try:
+                return parser.parse(self.scalar(node, key))
+            except ValueError as error:
+                self.fail(node, key, str(error))
+        if origin in (types.UnionType, typing.Union):
+            options = [arg for arg in get_args(tp) if arg is not type(None)]
+            if self.is_null(node):
+                if len(options) < len(get_args(tp)):
+                    return None
+                self.fail(node, key, "a value is required here")
+            return self.build(options[0], node, key)
+        if origin is Literal:
+            value = self.scalar(node, key)
+            if value not in get_args(tp):
+                allowed = ", ".join(repr(arg) for arg in get_args(tp))
+                self.fail(node, key, f"must be one of {allowed}, got {value!r}")
+            return value
+        if origin is tuple:
+            item_type = get_args(tp)[0]
+            if not isinstance(node, yaml.SequenceNode):
+                self.fail(node, key, "expected a list")
+            return tuple(
+                self.build(item_type, item, f"{key}[{position}]")
+                for position, item in enumerate(node.value)
+            )
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            return self.dataclass(tp, node, key)
+        return self.plain(tp, node, key)
+
+    @staticmethod
+    def is_null(node: yaml.Node) -> bool:
+        return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+    def scalar(self, node: yaml.Node, key: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            self.fail(node, key, "expected a single value, not a list or mapping")
+        return yaml.safe_load(yaml.serialize(node))
+
+    def plain(self, tp: Any, node: yaml.Node, key: str) -> Any:
+        value = self.scalar(node, key)
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if tp is bool and not isinstance(value, bool):
+            self.fail(node, key, f"expected true or false, got {value!r}")
+        if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+            self.fail(node, key, f"expected a whole number, got {value!r}")
+        if tp is float and not isinstance(value, float):
+            self.fail(node, key, f"expected a number, got {value!r}")
+        if tp is str and not isinstance(value, str):
+            self.fail(node, key, f"expected text, got {value!r}")
+        return value
+
+    def dataclass(self, cls: type[T], node: yaml.Node, key: str) -> T:
+        if self.is_null(node):
+            return cls()
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, key, "expected a mapping of keys to values")
+        hints = get_type_hints(cls, include_extras=True)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+        values: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value
+            child = f"{key}.{name}" if key else str(name)
+            if name not in fields:
+                known = ", ".join(sorted(fields))
+                self.fail(key_node, child, f"unknown key (known keys: {known})")
+            if name in values:
+                self.fail(key_node, child, "key given twice")
+            values[name] = self.build(hints[name], value_node, child)
+        try:
+            result = cls(**values)
+        except (TypeError, ValueError) as error:
+            self.fail(node, key, str(error))
+        return result
+
+
+def load(cls: type[T], text: str, filename: str = "<config>") -> T:
+    """Build `cls` from YAML text; an empty document gives the defaults."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise SettingsError(filename, line, "", f"not valid YAML: {error}") from error
+    loader = _Loader(filename)
+    if node is None:
+        return loader.dataclass(cls, yaml.ScalarNode("tag:yaml.org,2002:null", ""), "")
+    return loader.dataclass(cls, node, "")
+
+
+def load_file(cls: type[T], path: str) -> T:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise SettingsError(path, None, "", f"cannot read: {error.strerror}") from error
+    return load(cls, text, path)

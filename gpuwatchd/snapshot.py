@@ -1,0 +1,40 @@
+"""The immutable picture of the node that the exporter, the HTTP server and
+`gpuwatchd status` show. The daemon builds a new one after every poll and
+swaps it in atomically; readers never see a half-updated node."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatchd.model import (
+    Finding,
+    GpuSample,
+    Health,
+    InfinibandDevice,
+    Measurement,
+    PortSample,
+    Quarantine,
+)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float
+    gpus: tuple[GpuSample, ...] = ()
+    infiniband_devices: tuple[InfinibandDevice, ...] = ()
+    ports: tuple[PortSample, ...] = ()
+    driver_version: str | None = None
+    # Enabled sources: True when the last poll worked; the error text when not.
+    source_up: Mapping[str, bool] = field(default_factory=dict)
+    source_errors: Mapping[str, str] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    measurements: tuple[Measurement, ...] = ()
+    health: Mapping[str, Health] = field(default_factory=dict)  # subject -> state
+    node_health: Health = Health.HEALTHY
+    quarantines: tuple[Quarantine, ...] = ()
+    # Subject -> when it entered its current health state.
+    health_since: Mapping[str, float] = field(default_factory=dict)
+    # False when the state database cannot be written (the daemon keeps monitoring).
+    state_persisted: bool = True
+    polls: int = 0
