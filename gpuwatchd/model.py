@@ -11,14 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-EMPTY: Mapping[str, int] = MappingProxyType({})
-
-
-def frozen_map(values: Mapping[str, int] | None = None) -> Mapping[str, int]:
-    """A read-only copy, so a sample cannot be changed after it was taken."""
-    return MappingProxyType(dict(values or {}))
-
-
 # The clocks-event (throttle) reason bits of nvmlDeviceGetCurrentClocksEventReasons,
 # under the label values exported in gpuwatchd_gpu_clocks_event_active{reason}.
 CLOCKS_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
@@ -63,7 +55,7 @@ class LinkSample:
     gpu: int
     link: int
     up: bool | None
-    errors: Mapping[str, int] = EMPTY  # NVLINK_ERROR_TYPES -> cumulative count
+    errors: Mapping[str, int] = field(default_factory=dict)  # NVLINK_ERROR_TYPES -> cumulative count
 
 
 @dataclass(frozen=True)
@@ -97,7 +89,7 @@ class GpuSample:
     remapped_rows_uncorrectable: int | None = None
     row_remap_pending: bool | None = None
     row_remap_failed: bool | None = None
-    retired_pages: Mapping[str, int] = EMPTY  # RETIRED_PAGE_CAUSES -> count
+    retired_pages: Mapping[str, int] = field(default_factory=dict)  # RETIRED_PAGE_CAUSES -> count
     retired_pages_pending: bool | None = None
     nvlinks: tuple[LinkSample, ...] = ()
     # Every XID seen on this GPU since the daemon started, counted per code.
@@ -151,8 +143,8 @@ class PortSample:
     physical_state: str | None = None
     rate_bytes_per_second: float | None = None
     link_layer: str | None = None
-    counters: Mapping[str, int] = EMPTY
-    hw_counters: Mapping[str, int] = EMPTY
+    counters: Mapping[str, int] = field(default_factory=dict)
+    hw_counters: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def subject(self) -> str:
