@@ -48,7 +48,9 @@ class History:
 
     def _expire(self) -> None:
         oldest = self.now - self.max_age_seconds
-        for ring in (*self._gpus.values(), *self._ports.values()):
+        rings: list[deque[tuple[float, GpuSample]] | deque[tuple[float, PortSample]]]
+        rings = [*self._gpus.values(), *self._ports.values()]
+        for ring in rings:
             # Keep one sample older than the horizon: rates over a full window need it.
             while len(ring) > 1 and ring[1][0] < oldest:
                 ring.popleft()

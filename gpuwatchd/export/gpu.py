@@ -1,0 +1,251 @@
+"""GPU and NVLink metric families, rendered fresh from a Snapshot.
+
+Every GPU series carries `gpu`, `uuid` and `model`; an absent reading is an
+absent series, never a zero. A lost GPU keeps only `gpuwatchd_gpu_up 0` and
+its XID counters (the 79 that announced the loss among them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuwatchd.model import (
+    CLOCKS_EVENT_REASONS,
+    ECC_SCOPES,
+    ECC_TYPES,
+    NVLINK_ERROR_TYPES,
+    THROTTLE_REASONS,
+    GpuSample,
+)
+from gpuwatchd.snapshot import Snapshot
+
+GPU_LABELS = ("gpu", "uuid", "model")
+
+Value = float | int | bool | None
+Getter = Callable[[GpuSample], Value]
+
+
+def _gpu_labels(gpu: GpuSample) -> list[str]:
+    return [str(gpu.index), gpu.uuid or "", gpu.name or ""]
+
+
+def _gauge(
+    name: str, documentation: str, gpus: Sequence[GpuSample], getter: Getter, unit: str = ""
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=GPU_LABELS, unit=unit)
+    for gpu in gpus:
+        value = getter(gpu)
+        if value is not None:
+            family.add_metric(_gpu_labels(gpu), float(value))
+    return family
+
+
+def _by_label(
+    family: GaugeMetricFamily | CounterMetricFamily,
+    gpus: Sequence[GpuSample],
+    values: Callable[[GpuSample], Iterable[tuple[str | tuple[str, ...], Value]]],
+) -> GaugeMetricFamily | CounterMetricFamily:
+    """Fill a family whose series add labels (sensor, clock, reason...) to the GPU's."""
+    for gpu in gpus:
+        for extra, value in values(gpu):
+            if value is not None:
+                extra_labels = (extra,) if isinstance(extra, str) else extra
+                family.add_metric([*_gpu_labels(gpu), *extra_labels], float(value))
+    return family
+
+
+# Single-valued gauges: (name, help, getter, unit).
+_SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
+    ("gpuwatchd_gpu_power_watts", "Power draw of the GPU in watts.", lambda g: g.power_watts, ""),
+    (
+        "gpuwatchd_gpu_power_limit_watts",
+        "Enforced power limit of the GPU in watts.",
+        lambda g: g.power_limit_watts,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_utilization_ratio",
+        "Share of the last sample period in which a kernel ran on the GPU (0-1).",
+        lambda g: g.utilization_gpu_ratio,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_memory_utilization_ratio",
+        "Share of the last sample period in which device memory was read or written (0-1).",
+        lambda g: g.utilization_memory_ratio,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_row_remap_pending",
+        "1 when a row remap is pending (takes effect at the next GPU reset).",
+        lambda g: g.row_remap_pending,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_row_remap_failed",
+        "1 when a row remap failed (the GPU ran out of spare rows).",
+        lambda g: g.row_remap_failed,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_retired_pages_pending",
+        "1 when retired pages wait for the next reboot to be blacklisted.",
+        lambda g: g.retired_pages_pending,
+        "",
+    ),
+)
+
+
+def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_temperature_celsius",
+            "GPU die (sensor=gpu) and HBM (sensor=memory) temperature in degrees Celsius.",
+            labels=(*GPU_LABELS, "sensor"),
+        ),
+        gpus,
+        lambda g: (("gpu", g.temperature_gpu_celsius), ("memory", g.temperature_memory_celsius)),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_temperature_threshold_celsius",
+            "Temperature at which the GPU slows down or shuts down, in degrees Celsius.",
+            labels=(*GPU_LABELS, "threshold"),
+        ),
+        gpus,
+        lambda g: (
+            ("slowdown", g.temperature_slowdown_celsius),
+            ("shutdown", g.temperature_shutdown_celsius),
+        ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_clock_hertz",
+            "Current SM and memory clock in hertz.",
+            labels=(*GPU_LABELS, "clock"),
+        ),
+        gpus,
+        lambda g: (("sm", g.sm_clock_hertz), ("memory", g.memory_clock_hertz)),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_max_clock_hertz",
+            "Maximum SM and memory clock in hertz.",
+            labels=(*GPU_LABELS, "clock"),
+        ),
+        gpus,
+        lambda g: (("sm", g.sm_max_clock_hertz), ("memory", g.memory_max_clock_hertz)),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_application_clock_hertz",
+            "Application (target) SM and memory clock in hertz.",
+            labels=(*GPU_LABELS, "clock"),
+        ),
+        gpus,
+        lambda g: (
+            ("sm", g.sm_application_clock_hertz),
+            ("memory", g.memory_application_clock_hertz),
+        ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_clocks_event_active",
+            "1 while the clocks-event (throttle) reason is active at the instant of the poll.",
+            labels=(*GPU_LABELS, "reason"),
+        ),
+        gpus,
+        lambda g: ((reason, g.reason_active(reason)) for reason in CLOCKS_EVENT_REASONS),
+    )
+    yield _by_label(
+        CounterMetricFamily(
+            "gpuwatchd_gpu_throttle_seconds",
+            "Cumulative time the GPU's clocks were held down, by cause (NVML violation time).",
+            labels=(*GPU_LABELS, "reason"),
+        ),
+        gpus,
+        lambda g: ((reason, g.throttle_seconds.get(reason)) for reason in THROTTLE_REASONS),
+    )
+    yield _by_label(
+        CounterMetricFamily(
+            "gpuwatchd_gpu_ecc_errors",
+            "Memory ECC errors by type, since the last reset (volatile) or ever (aggregate).",
+            labels=(*GPU_LABELS, "type", "scope"),
+        ),
+        gpus,
+        lambda g: (
+            ((kind, scope), g.ecc_errors.get((kind, scope)))
+            for kind in ECC_TYPES
+            for scope in ECC_SCOPES
+        ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_remapped_rows",
+            "Rows of device memory remapped to spares, by the cause of the remap.",
+            labels=(*GPU_LABELS, "cause"),
+        ),
+        gpus,
+        lambda g: (
+            ("correctable", g.remapped_rows_correctable),
+            ("uncorrectable", g.remapped_rows_uncorrectable),
+        ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_retired_pages",
+            "Pages of device memory retired (pre-Ampere page retirement), by cause.",
+            labels=(*GPU_LABELS, "cause"),
+        ),
+        gpus,
+        lambda g: g.retired_pages.items(),
+    )
+    for name, documentation, getter, unit in _SCALARS:
+        yield _gauge(name, documentation, gpus, getter, unit)
+
+
+def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "gpuwatchd_nvlink_up", "1 when the NVLink is active.", labels=("gpu", "link")
+    )
+    errors = CounterMetricFamily(
+        "gpuwatchd_nvlink_errors",
+        "NVLink data-link-layer errors by type (CRC flit/data, replay, recovery, ECC data).",
+        labels=("gpu", "link", "type"),
+    )
+    for gpu in gpus:
+        for link in gpu.nvlinks:
+            labels = [str(link.gpu), str(link.link)]
+            if link.up is not None:
+                up.add_metric(labels, float(link.up))
+            for kind in NVLINK_ERROR_TYPES:
+                count = link.errors.get(kind)
+                if count is not None:
+                    errors.add_metric([*labels, kind], float(count))
+    yield up
+    yield errors
+
+
+def families(snapshot: Snapshot) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "gpuwatchd_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", labels=GPU_LABELS
+    )
+    for gpu in snapshot.gpus:
+        up.add_metric(_gpu_labels(gpu), float(gpu.up))
+    yield up
+    answering = [gpu for gpu in snapshot.gpus if gpu.up]
+    yield from _gpu_families(answering)
+    yield from _link_families(answering)
+    # A lost GPU's XIDs (79 among them) still count; everything else about it is unknown.
+    gpus = snapshot.gpus
+    yield _by_label(
+        CounterMetricFamily(
+            "gpuwatchd_gpu_xid_errors",
+            "XID critical errors reported by the driver since the daemon started, per XID code.",
+            labels=(*GPU_LABELS, "xid"),
+        ),
+        gpus,
+        lambda g: ((str(code), count) for code, count in sorted(g.xid_counts.items())),
+    )

@@ -1,0 +1,49 @@
+"""Logging in a form journald keeps: one line an event, with the syslog level
+prefix journald reads from stderr (`<4>`), then logfmt fields: level, the
+logger, the subject when one is given, and the message."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_SYSLOG_LEVELS = {
+    logging.DEBUG: 7,
+    logging.INFO: 6,
+    logging.WARNING: 4,
+    logging.ERROR: 3,
+    logging.CRITICAL: 2,
+}
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+class JournalFormatter(logging.Formatter):
+    def __init__(self, syslog_prefix: bool) -> None:
+        super().__init__()
+        self.syslog_prefix = syslog_prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = [f"level={record.levelname.lower()}", f"logger={record.name}"]
+        subject = getattr(record, "subject", None)
+        if subject:
+            fields.append(f"subject={subject}")
+        message = record.getMessage()
+        if record.exc_info:
+            message = f"{message}: {self.formatException(record.exc_info)}"
+        fields.append(f"msg={_quote(message)}")
+        line = " ".join(fields)
+        if self.syslog_prefix:
+            line = f"<{_SYSLOG_LEVELS.get(record.levelno, 6)}>{line}"
+        return line
+
+
+def setup(level: str, journal: bool) -> None:
+    """Log to stderr; `journal` adds the syslog level prefix for journald."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter(syslog_prefix=journal))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

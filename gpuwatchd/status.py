@@ -1,0 +1,216 @@
+"""What `gpuwatchd status` shows: a Snapshot as JSON (the /api/v1/status
+document) and that JSON as a table for people. The table is drawn from the
+JSON, so the CLI shows the same thing for a local or a remote node."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from gpuwatchd.model import Finding, GpuSample, Health, PortSample
+from gpuwatchd.snapshot import Snapshot
+
+JsonDict = dict[str, Any]
+
+
+def _gpu_json(gpu: GpuSample, snapshot: Snapshot) -> JsonDict:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "pci_bus_id": gpu.pci_bus_id,
+        "up": gpu.up,
+        "health": snapshot.health.get(gpu.subject, Health.HEALTHY).label,
+        "temperature_celsius": gpu.temperature_gpu_celsius,
+        "memory_temperature_celsius": gpu.temperature_memory_celsius,
+        "slowdown_temperature_celsius": gpu.temperature_slowdown_celsius,
+        "sm_clock_hertz": gpu.sm_clock_hertz,
+        "sm_max_clock_hertz": gpu.sm_max_clock_hertz,
+        "power_watts": gpu.power_watts,
+        "power_limit_watts": gpu.power_limit_watts,
+        "utilization_ratio": gpu.utilization_gpu_ratio,
+        "clocks_event_reasons": gpu.clocks_event_reasons,
+        "ecc_errors": {f"{kind}_{scope}": n for (kind, scope), n in gpu.ecc_errors.items()},
+        "row_remap_pending": gpu.row_remap_pending,
+        "row_remap_failed": gpu.row_remap_failed,
+        "nvlinks_up": sum(1 for link in gpu.nvlinks if link.up),
+        "nvlinks": len(gpu.nvlinks),
+        "xid_counts": {str(code): n for code, n in sorted(gpu.xid_counts.items())},
+    }
+
+
+def _port_json(port: PortSample, snapshot: Snapshot) -> JsonDict:
+    return {
+        "device": port.device,
+        "port": port.port,
+        "health": snapshot.health.get(port.subject, Health.HEALTHY).label,
+        "state": port.state,
+        "physical_state": port.physical_state,
+        "rate_bytes_per_second": port.rate_bytes_per_second,
+        "link_layer": port.link_layer,
+    }
+
+
+def _finding_json(finding: Finding) -> JsonDict:
+    return {
+        "check": finding.check,
+        "code": finding.code,
+        "severity": finding.severity.label,
+        "message": finding.message,
+        "action": finding.action.value,
+        "evidence": dict(finding.evidence),
+        "definitive": finding.definitive,
+    }
+
+
+def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
+    findings: dict[str, list[Finding]] = defaultdict(list)
+    for finding in snapshot.findings:
+        findings[finding.subject].append(finding)
+    subjects = sorted(set(snapshot.health) | set(findings))
+    return [
+        {
+            "subject": subject,
+            "state": snapshot.health.get(subject, Health.HEALTHY).label,
+            "since": snapshot.health_since.get(subject),
+            "findings": [_finding_json(f) for f in findings.get(subject, [])],
+        }
+        for subject in subjects
+    ]
+
+
+def to_json(snapshot: Snapshot) -> JsonDict:
+    return {
+        "time": snapshot.time,
+        "polls": snapshot.polls,
+        "node": {"health": snapshot.node_health.label},
+        "driver_version": snapshot.driver_version,
+        "state_persisted": snapshot.state_persisted,
+        "sources": {
+            name: {"up": up, "error": snapshot.source_errors.get(name)}
+            for name, up in sorted(snapshot.source_up.items())
+        },
+        "gpus": [_gpu_json(gpu, snapshot) for gpu in snapshot.gpus],
+        "infiniband_ports": [_port_json(port, snapshot) for port in snapshot.ports],
+        "subjects": _subjects_json(snapshot),
+        "quarantines": [dataclasses.asdict(q) for q in snapshot.quarantines],
+    }
+
+
+def _cell(value: object, scale: float = 1.0, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return f"{value / scale:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def _when(timestamp: object) -> str:
+    if not isinstance(timestamp, int | float):
+        return "-"
+    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def render_table(data: Mapping[str, Any]) -> str:
+    lines = [
+        f"node health: {data['node']['health']}    as of {_when(data['time'])}"
+        f"    driver {data.get('driver_version') or '-'}",
+    ]
+    sources = ", ".join(
+        f"{name} {'up' if info['up'] else 'DOWN (' + str(info['error']) + ')'}"
+        for name, info in data["sources"].items()
+    )
+    lines.append(f"sources: {sources or 'none'}")
+    if not data["state_persisted"]:
+        lines.append("WARNING: the state database cannot be written; decisions are not persisted")
+    if data["gpus"]:
+        lines.append("")
+        lines.extend(
+            _table(
+                [
+                    "GPU",
+                    "NAME",
+                    "UP",
+                    "HEALTH",
+                    "TEMP C",
+                    "HBM C",
+                    "SM MHz",
+                    "MAX MHz",
+                    "POWER W",
+                    "UTIL %",
+                    "NVLINK",
+                    "XIDS",
+                ],
+                [
+                    [
+                        str(g["index"]),
+                        _cell(g["name"]),
+                        _cell(g["up"]),
+                        g["health"],
+                        _cell(g["temperature_celsius"]),
+                        _cell(g["memory_temperature_celsius"]),
+                        _cell(g["sm_clock_hertz"], 1e6),
+                        _cell(g["sm_max_clock_hertz"], 1e6),
+                        _cell(g["power_watts"]),
+                        _cell(g["utilization_ratio"], 0.01),
+                        f"{g['nvlinks_up']}/{g['nvlinks']}",
+                        ",".join(f"{code}x{n}" for code, n in g["xid_counts"].items()) or "-",
+                    ]
+                    for g in data["gpus"]
+                ],
+            )
+        )
+    if data["infiniband_ports"]:
+        lines.append("")
+        lines.extend(
+            _table(
+                ["PORT", "HEALTH", "STATE", "PHYS", "RATE Gb/s", "LAYER"],
+                [
+                    [
+                        f"{p['device']}/{p['port']}",
+                        p["health"],
+                        _cell(p["state"]),
+                        _cell(p["physical_state"]),
+                        _cell(p["rate_bytes_per_second"], 1.25e8),
+                        _cell(p["link_layer"]),
+                    ]
+                    for p in data["infiniband_ports"]
+                ],
+            )
+        )
+    unwell = [s for s in data["subjects"] if s["findings"] or s["state"] != "healthy"]
+    if unwell:
+        lines.append("")
+        lines.append("findings:")
+        for subject in unwell:
+            lines.append(
+                f"  {subject['subject']}: {subject['state']} since {_when(subject['since'])}"
+            )
+            for finding in subject["findings"]:
+                evidence = " ".join(f"{k}={v}" for k, v in finding["evidence"].items())
+                lines.append(
+                    f"    [{finding['severity']}] {finding['check']}/{finding['code']}: "
+                    f"{finding['message']} (action: {finding['action']}) {evidence}".rstrip()
+                )
+    if data["quarantines"]:
+        lines.append("")
+        lines.append("quarantines:")
+        for q in data["quarantines"]:
+            lines.append(
+                f"  {q['subject']}: {q['reason']} ({q['source']}, since {_when(q['since'])})"
+            )
+    return "\n".join(lines)
