@@ -1,0 +1,107 @@
+"""The config loader: typed, frozen, and errors that name file, line and key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwatchd.cli import main
+from gpuwatchd.config import Config, load_config, parse_config
+from gpuwatchd.settings import SettingsError
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = REPO / "config" / "gpuwatchd.yaml"
+
+
+def test_empty_config_gives_the_defaults() -> None:
+    assert parse_config("") == Config()
+
+
+def test_shipped_config_loads_and_equals_the_defaults() -> None:
+    # The documented file is the defaults written out: the two must not drift.
+    assert load_config(str(SHIPPED)) == Config()
+
+
+def _leaf_keys(settings: object, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, f.name)
+        if dataclasses.is_dataclass(value):
+            keys |= _leaf_keys(value, f"{prefix}{f.name}.")
+        else:
+            keys.add(f"{prefix}{f.name}")
+    return keys
+
+
+def test_shipped_config_documents_every_key_with_a_comment() -> None:
+    text = SHIPPED.read_text()
+    lines = text.splitlines()
+    for key in sorted(_leaf_keys(Config())):
+        leaf = key.rsplit(".", 1)[-1]
+        positions = [i for i, line in enumerate(lines) if line.strip().startswith(f"{leaf}:")]
+        assert positions, f"{key} is not in {SHIPPED.name}"
+        commented = any(
+            "#" in lines[i] or (i > 0 and lines[i - 1].strip().startswith("#")) for i in positions
+        )
+        assert commented, f"{key} has no comment in {SHIPPED.name}"
+
+
+def test_unknown_key_names_file_line_and_key() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("daemon:\n  poll_interval: 5s\n  pol_interval: 5s\n", "node.yaml")
+    assert str(caught.value).startswith("node.yaml:3: daemon.pol_interval: unknown key")
+
+
+def test_wrong_type_names_the_key() -> None:
+    with pytest.raises(
+        SettingsError, match=r"x.yaml:3: sources.nvml.enabled: expected true or false"
+    ):
+        parse_config("sources:\n  nvml:\n    enabled: maybe\n", "x.yaml")
+
+
+def test_bad_duration_is_rejected_with_its_line() -> None:
+    with pytest.raises(SettingsError, match=r"x.yaml:2: daemon.poll_interval: expected a duration"):
+        parse_config("daemon:\n  poll_interval: often\n", "x.yaml")
+
+
+def test_bad_listen_address_is_rejected() -> None:
+    with pytest.raises(SettingsError, match="listen must be HOST:PORT"):
+        parse_config("daemon:\n  listen: localhost\n", "x.yaml")
+
+
+def test_list_where_a_value_belongs_is_rejected() -> None:
+    with pytest.raises(SettingsError, match="expected a single value"):
+        parse_config("daemon:\n  state_dir: [a, b]\n", "x.yaml")
+
+
+def test_durations_accept_units_and_config_is_frozen() -> None:
+    config = parse_config("daemon: {poll_interval: 500ms, history: 2h}")
+    assert config.daemon.poll_interval == 0.5
+    assert config.daemon.history == 7200.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.daemon.poll_interval = 1.0  # type: ignore[misc]
+
+
+def test_invalid_yaml_reports_the_line() -> None:
+    with pytest.raises(SettingsError, match=r"x.yaml:2: .*not valid YAML"):
+        parse_config("daemon:\n  - : [\n", "x.yaml")
+
+
+def test_check_config_command_passes_a_good_file_and_names_a_bad_one(tmp_path: Path) -> None:
+    runner = CliRunner()
+    good = runner.invoke(main, ["check-config", str(SHIPPED)])
+    assert good.exit_code == 0, good.output
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text("daemon:\n  listen: 127.0.0.1:9477\n  colour: blue\n")
+    bad = runner.invoke(main, ["check-config", str(bad_file)])
+    assert bad.exit_code == 1
+    assert f"{bad_file}:3: daemon.colour: unknown key" in bad.output
+
+
+def test_check_config_on_a_missing_file_says_so(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["check-config", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 1
+    assert "cannot read" in result.output

@@ -1,0 +1,109 @@
+"""The scenario file contract: the documented format parses, and every error
+names the fault that is wrong."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.sim import scenario
+from gpuwatchd.sim.scenario import FAULT_FIELDS, ScenarioError, parse
+from gpuwatchd.units import parse_duration, parse_rate
+
+CONTRACT_EXAMPLE = """
+node: {gpus: 8, model: "NVIDIA H100 80GB HBM3", nvlinks: 18, hcas: 8}   # all optional
+seed: 1                                                                 # optional
+faults:
+  - {at: 10s, kind: thermal_throttle, gpu: 3, for: 120s}
+  - {at: 15s, kind: nvlink_crc_storm, gpu: 5, link: 7, rate: 2000/s}
+  - {at: 20s, kind: ecc_uncorrectable, gpu: 1}
+  - {at: 0s,  kind: ib_symbol_errors, hca: mlx5_2, port: 1, rate: 50/s}
+  - {at: 30s, kind: xid, gpu: 4, code: 79}
+"""
+
+
+def test_the_documented_example_parses() -> None:
+    parsed = parse(CONTRACT_EXAMPLE)
+    assert parsed.node.gpus == 8 and parsed.node.nvlinks == 18
+    assert parsed.node.hca_names[2] == "mlx5_2"
+    throttle, storm, ecc, ib, xid = parsed.faults
+    assert (throttle.at, throttle.until) == (10.0, 130.0)
+    assert storm.rate == 2000.0 and storm.until == math.inf
+    assert ecc.gpu == 1
+    assert ib.hca == "mlx5_2" and ib.rate == 50.0
+    assert xid.code == 79
+
+
+def test_every_builtin_scenario_parses() -> None:
+    for name in scenario.builtin_names():
+        assert scenario.load(name).name == name
+    assert scenario.load(None).faults, "the default scenario must have faults to show"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("faults: [{at: 1s, kind: meltdown, gpu: 1}]", r"fault 1 \(meltdown\): unknown kind"),
+        (
+            "faults: [{at: 1s, kind: nvlink_down, gpu: 1}]",
+            r"fault 1 \(nvlink_down\): missing field\(s\) link",
+        ),
+        ("faults: [{kind: xid, gpu: 1, code: 79}]", r"fault 1 \(xid\): missing field\(s\) at"),
+        ("faults: [{at: 1s, kind: gpu_lost, gpu: 8}]", r"fault 1 \(gpu_lost\): gpu 8 out of range"),
+        ("faults: [{at: 1s, kind: nvlink_down, gpu: 0, link: 18}]", "link 18 out of range"),
+        ("faults: [{at: 1s, kind: ib_port_down, hca: mlx5_9, port: 1}]", "hca 'mlx5_9' is not on"),
+        ("faults: [{at: 1s, kind: ib_port_down, hca: mlx5_0, port: 2}]", "port 2 out of range"),
+        ("faults: [{at: soon, kind: gpu_lost, gpu: 0}]", "expected a duration"),
+        ("faults: [{at: 1s, kind: ecc_sbe_storm, gpu: 0, rate: fast}]", "expected a rate"),
+        ("faults: [{at: 1s, kind: gpu_lost, gpu: 0, link: 3}]", r"unknown field\(s\) link"),
+        ("faults: [{at: 1s, kind: clock_drift, gpu: 0, ratio: 1.5}]", "ratio must be between"),
+        ("node: {gpus: 2}\nfaults: [{at: 1s, kind: xid, gpu: 2, code: 79}]", "node has 2 GPUs"),
+        ("nodes: {}", r"unknown key\(s\) nodes"),
+        ("faults: {at: 1s}", "faults must be a list"),
+    ],
+)
+def test_bad_scenarios_are_rejected_naming_the_fault(text: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse(text, "bad.yaml")
+
+
+def test_the_second_fault_is_named_by_its_position() -> None:
+    text = "faults:\n  - {at: 1s, kind: xid, gpu: 0, code: 13}\n  - {at: 2s, kind: xid, gpu: 0}\n"
+    with pytest.raises(ScenarioError, match=r"bad.yaml: fault 2 \(xid\): missing field\(s\) code"):
+        parse(text, "bad.yaml")
+
+
+def test_every_kind_is_accepted_with_its_required_fields() -> None:
+    values = {"gpu": 0, "link": 0, "rate": "1/s", "hca": "mlx5_0", "port": 1, "code": 79}
+    for kind, (required, _) in FAULT_FIELDS.items():
+        fault = {"at": "1s", "kind": kind, **{name: values[name] for name in required}}
+        assert parse(f"faults: [{fault}]".replace("'", '"')).faults[0].kind == kind
+
+
+def test_a_scenario_file_path_and_an_unknown_name(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("faults: [{at: 5s, kind: gpu_lost, gpu: 2}]\n")
+    assert scenario.load(str(path)).faults[0].gpu == 2
+    with pytest.raises(ScenarioError, match="no such file and no built-in scenario"):
+        scenario.load("no-such-scenario")
+
+
+def test_fault_activity_window() -> None:
+    fault = parse("faults: [{at: 10s, kind: power_cap, gpu: 0, for: 5s}]").faults[0]
+    assert not fault.active(9.9) and fault.active(10) and not fault.active(15)
+    assert fault.elapsed(12) == 2 and fault.elapsed(100) == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("10s", 10), ("5m", 300), ("2h", 7200), ("1d", 86400), (3, 3.0)],
+)
+def test_durations(text: str | int, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "per_second"), [("50/s", 50), ("6/min", 0.1), ("36/h", 0.01)])
+def test_rates(text: str, per_second: float) -> None:
+    assert parse_rate(text) == pytest.approx(per_second)
