@@ -27,6 +27,7 @@ from gpuwatchd.config import (
     parse_listen,
 )
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.notify import Notifier
 from gpuwatchd.server import StatusServer
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim.scenario import ScenarioError
@@ -167,7 +168,7 @@ def run(
             ", ".join(config.sources.enabled()) or "none",
             f", simulating {simulate}" if simulate else "",
         )
-        daemon.run()
+        daemon.run(Notifier())
     log.info("stopped")
 
 

@@ -8,6 +8,7 @@ assignment, so the HTTP server's threads always read a whole poll.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from gpuwatchd.config import Config
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
 from gpuwatchd.model import Reading
+from gpuwatchd.notify import Notifier
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import Source
 
@@ -99,17 +101,30 @@ class Daemon:
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
 
-    def run(self, on_poll: Callable[[Snapshot], None] | None = None) -> None:
-        """Poll until `stop()`; each poll starts one interval after the last one started."""
+    def run(self, notifier: Notifier | None = None) -> None:
+        """Poll until `stop()`; each poll starts one interval after the last one started.
+
+        systemd's watchdog is fed from this loop only, so a poll that hangs
+        (an NVML call stuck on a broken GPU, say) stops the pings and systemd
+        restarts the daemon.
+        """
+        notifier = notifier or Notifier({})
         interval = self.config.daemon.poll_interval
+        ping_every = (notifier.watchdog_seconds or math.inf) / 2
         while not self.stop_event.is_set():
             started = self.clock.now()
             snapshot = self.step()
-            if on_poll is not None:
-                on_poll(snapshot)
-            remaining = interval - (self.clock.now() - started)
-            if self.clock.wait(self.stop_event, remaining):
-                break
+            if snapshot.polls == 1:
+                notifier.ready(f"polling every {interval:g}s")
+            notifier.watchdog()
+            while not self.stop_event.is_set():
+                remaining = interval - (self.clock.now() - started)
+                if remaining <= 0:
+                    break
+                if self.clock.wait(self.stop_event, min(remaining, ping_every)):
+                    break
+                notifier.watchdog()
+        notifier.stopping()
 
     def stop(self) -> None:
         self.stop_event.set()
