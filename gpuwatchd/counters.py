@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ def saturation_max(bits: int | None) -> int | None:
     return None if bits is None else (1 << bits) - 1
 
 
+def is_saturated(value: int | float | None, bits: int | None) -> bool:
+    """True when a counter `bits` wide stands at its maximum: from here on it
+    counts nothing until someone clears it, so its increases are unknown."""
+    limit = saturation_max(bits)
+    return limit is not None and value is not None and value >= limit
+
+
 def increase(
     points: Sequence[tuple[float, int | float | None]],
     *,
@@ -47,7 +55,6 @@ def increase(
     Absent values (None) are skipped: the next present value is compared with
     the last present one. `bits` is the counter's width where it saturates.
     """
-    limit = saturation_max(bits)
     total = 0.0
     resets = 0
     saturated = False
@@ -60,7 +67,7 @@ def increase(
         if first_time is None:
             first_time = time
         last_time = time
-        if limit is not None and value >= limit:
+        if is_saturated(value, bits):
             saturated = True
         if previous is not None:
             if value >= previous:
@@ -98,3 +105,17 @@ def increase_over(
 ) -> Increase:
     """The increase within the last `seconds` before `now`."""
     return increase(window(points, now, seconds), bits=bits)
+
+
+def gauge_integral(points: Sequence[tuple[float, int | float | None]]) -> float:
+    """The area under a gauge over (time, value) points, oldest first.
+
+    Each interval counts at the lower of its two end values, so a quantity that
+    changed between samples (a link rate that dropped) is never overstated; an
+    interval with an absent end counts nothing, since what it held is unknown.
+    """
+    total = 0.0
+    for (start, first), (end, second) in pairwise(points):
+        if first is not None and second is not None and end > start:
+            total += min(first, second) * (end - start)
+    return total
