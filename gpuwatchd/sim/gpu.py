@@ -1,0 +1,569 @@
+"""The simulated node's GPUs: a deterministic hardware model driven by a scenario.
+
+Owns what the GPUs of a simulated node report at a given moment: identity,
+temperatures, clocks, power, utilisation, memory errors and repairs, NVLink
+state and error counters, and the XID events raised, for every GPU fault kind
+of the scenario contract (`sdc` and the `ib_*` kinds belong to other models).
+Reads only the scenario. `fake_nvml.FakeNvml` serves this model to the real
+nvidia-ml-py binding.
+
+Every value is a closed-form function of the seed and of the time since start,
+so a run reads the same however often (or seldom) it is advanced, and the
+cumulative counters never go back.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuwatchd.model import (
+    CLOCKS_EVENT_REASONS,
+    ECC_SCOPES,
+    ECC_TYPES,
+    NVLINK_ERROR_TYPES,
+    RETIRED_PAGE_CAUSES,
+    THROTTLE_REASONS,
+)
+from gpuwatchd.sim.scenario import Fault, Scenario
+
+ARCHITECTURES = ("volta", "ampere", "hopper", "blackwell")
+
+# The XIDs real drivers log for the scenario's memory and bus faults (NVIDIA's
+# XID catalogue): 48 double-bit ECC error, 63 row-remap (or page-retirement)
+# recording event, 64 row-remap recording failure, 79 GPU fallen off the bus.
+XID_DOUBLE_BIT_ECC = 48
+XID_ROW_REMAP_EVENT = 63
+XID_ROW_REMAP_FAILURE = 64
+XID_FALLEN_OFF_BUS = 79
+
+# The driver logs XID 79 as the GPU drops off the bus, just before every call
+# on it starts failing.
+GPU_LOST_XID_LEAD_S = 0.001
+# A GPU heating up (or cooling down) takes this long between its background
+# temperature and the throttle point.
+THERMAL_RAMP_S = 20.0
+# Thermal faults hold the GPU this far above its slowdown threshold.
+THERMAL_OVERSHOOT_C = 2.0
+# HW slowdown cuts the clocks "by a factor of 2 or more" (NVML documentation).
+HW_SLOWDOWN_CLOCK_RATIO = 0.5
+# Power falls with the clocks under HW slowdown.
+HW_SLOWDOWN_POWER_RATIO = 0.6
+# A GPU held at its power limit by the SW power cap runs about a quarter slow
+# and reads just under its limit.
+POWER_CAP_CLOCK_RATIO = 0.75
+POWER_CAP_MARGIN_W = 1.5
+DEFAULT_CLOCK_DRIFT_RATIO = 0.7
+# Of the flits a CRC storm corrupts, about a quarter carry data (the rest are
+# control flits); every corrupted flit is replayed, and about one in a
+# thousand bursts is bad enough to retrain (recover) the link.
+CRC_DATA_SHARE = 0.25
+RECOVERY_SHARE = 0.001
+
+_THERMAL_REASONS = (
+    CLOCKS_EVENT_REASONS["sw_thermal_slowdown"]
+    | CLOCKS_EVENT_REASONS["hw_thermal_slowdown"]
+    | CLOCKS_EVENT_REASONS["hw_slowdown"]
+)
+_POWER_CAP_REASON = CLOCKS_EVENT_REASONS["sw_power_cap"]
+
+# Bus ids of the eight GPUs of an HGX H100 baseboard, in NVML index order.
+_HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What one GPU model reports: its per-generation facts.
+
+    Thresholds and clocks are what `nvidia-smi -q` shows on the SXM boards
+    (B200's thresholds are assumed equal to Hopper's: not confirmed on one).
+    """
+
+    name: str
+    architecture: str
+    pci_device_id: int
+    nvlinks: int
+    sm_max_mhz: int
+    sm_default_application_mhz: int
+    memory_mhz: int
+    power_limit_watts: float
+    busy_power_watts: tuple[float, float]
+    shutdown_celsius: int
+    slowdown_celsius: int
+    gpu_max_operating_celsius: int
+    memory_max_operating_celsius: int
+    clock_step_mhz: int = 15
+
+    def at_least(self, architecture: str) -> bool:
+        return ARCHITECTURES.index(self.architecture) >= ARCHITECTURES.index(architecture)
+
+    @property
+    def remaps_rows(self) -> bool:
+        """Ampere and newer repair memory by row remapping, older GPUs by page retirement."""
+        return self.at_least("ampere")
+
+
+SPECS: Mapping[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec(
+            name="NVIDIA H100 80GB HBM3",
+            architecture="hopper",
+            pci_device_id=0x233010DE,
+            nvlinks=18,
+            sm_max_mhz=1980,
+            sm_default_application_mhz=1980,
+            memory_mhz=2619,
+            power_limit_watts=700.0,
+            busy_power_watts=(500.0, 690.0),
+            shutdown_celsius=92,
+            slowdown_celsius=89,
+            gpu_max_operating_celsius=87,
+            memory_max_operating_celsius=95,
+        ),
+        GpuSpec(
+            name="NVIDIA H200",
+            architecture="hopper",
+            pci_device_id=0x233510DE,
+            nvlinks=18,
+            sm_max_mhz=1980,
+            sm_default_application_mhz=1980,
+            memory_mhz=3201,
+            power_limit_watts=700.0,
+            busy_power_watts=(500.0, 690.0),
+            shutdown_celsius=92,
+            slowdown_celsius=89,
+            gpu_max_operating_celsius=87,
+            memory_max_operating_celsius=95,
+        ),
+        GpuSpec(
+            name="NVIDIA A100-SXM4-80GB",
+            architecture="ampere",
+            pci_device_id=0x20B210DE,
+            nvlinks=12,
+            sm_max_mhz=1410,
+            sm_default_application_mhz=1140,
+            memory_mhz=1593,
+            power_limit_watts=400.0,
+            busy_power_watts=(280.0, 395.0),
+            shutdown_celsius=92,
+            slowdown_celsius=89,
+            gpu_max_operating_celsius=85,
+            memory_max_operating_celsius=95,
+        ),
+        GpuSpec(
+            name="NVIDIA B200",
+            architecture="blackwell",
+            pci_device_id=0x290110DE,
+            nvlinks=18,
+            sm_max_mhz=1965,
+            sm_default_application_mhz=1965,
+            memory_mhz=3996,
+            power_limit_watts=1000.0,
+            busy_power_watts=(700.0, 985.0),
+            shutdown_celsius=92,
+            slowdown_celsius=89,
+            gpu_max_operating_celsius=87,
+            memory_max_operating_celsius=95,
+        ),
+        GpuSpec(
+            name="Tesla V100-SXM2-32GB",
+            architecture="volta",
+            pci_device_id=0x1DB510DE,
+            nvlinks=6,
+            sm_max_mhz=1530,
+            sm_default_application_mhz=1290,
+            memory_mhz=877,
+            power_limit_watts=300.0,
+            busy_power_watts=(210.0, 295.0),
+            shutdown_celsius=90,
+            slowdown_celsius=87,
+            gpu_max_operating_celsius=83,
+            memory_max_operating_celsius=85,
+        ),
+    )
+}
+
+
+def spec_for(name: str) -> GpuSpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        known = ", ".join(sorted(SPECS))
+        raise ValueError(f"no simulated hardware for GPU {name!r} (known: {known})") from None
+
+
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """The static facts of one simulated GPU."""
+
+    index: int
+    spec: GpuSpec
+    uuid: str
+    pci_bus_id: str
+    nvlinks: int
+
+
+@dataclass(frozen=True)
+class LinkState:
+    active: bool
+    counters: Mapping[str, int]  # NVLINK_ERROR_TYPES -> cumulative count
+
+
+@dataclass(frozen=True)
+class MemoryRepairs:
+    """Row remapping (Ampere and newer) or page retirement (older GPUs)."""
+
+    remapped_rows_correctable: int = 0
+    remapped_rows_uncorrectable: int = 0
+    row_remap_pending: bool = False
+    row_remap_failed: bool = False
+    retired_pages: Mapping[str, int] = field(default_factory=dict)  # RETIRED_PAGE_CAUSES
+    retired_pages_pending: bool = False
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What one GPU reports at one moment, in NVML's units."""
+
+    lost: bool
+    temperature_celsius: int
+    memory_temperature_celsius: int
+    sm_clock_mhz: int
+    memory_clock_mhz: int
+    power_milliwatts: int
+    utilization_gpu_percent: int
+    utilization_memory_percent: int
+    clocks_event_reasons: int
+    violation_ns: Mapping[str, int]  # THROTTLE_REASONS -> cumulative nanoseconds
+    ecc_errors: Mapping[tuple[str, str], int]  # (ECC_TYPES, ECC_SCOPES) -> count
+    repairs: MemoryRepairs
+    links: tuple[LinkState, ...]
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    gpu: int
+    code: int
+    time: float  # seconds since start
+
+
+@dataclass(frozen=True)
+class _Wave:
+    """A slow sinusoid, so that background values drift instead of jumping."""
+
+    amplitude: float
+    period_s: float
+    phase: float
+
+    def at(self, t: float) -> float:
+        return self.amplitude * math.sin(2 * math.pi * t / self.period_s + self.phase)
+
+
+def _waves(rng: random.Random, amplitude: float) -> tuple[_Wave, _Wave]:
+    return (
+        _Wave(amplitude, rng.uniform(600, 1800), rng.uniform(0, 2 * math.pi)),
+        _Wave(amplitude / 3, rng.uniform(90, 240), rng.uniform(0, 2 * math.pi)),
+    )
+
+
+def _sum(waves: tuple[_Wave, _Wave], t: float) -> float:
+    return waves[0].at(t) + waves[1].at(t)
+
+
+class _Background:
+    """One GPU's healthy behaviour under a busy training load, drawn from the seed."""
+
+    def __init__(self, rng: random.Random, spec: GpuSpec, links: int) -> None:
+        low, high = spec.busy_power_watts
+        self.temperature_base = rng.uniform(59.0, 66.0)
+        self.temperature = _waves(rng, 4.0)
+        self.memory_offset = rng.uniform(3.0, 6.0)
+        self.utilization = _waves(rng, 4.0)
+        self.memory_utilization_base = rng.uniform(40.0, 55.0)
+        self.memory_utilization = _waves(rng, 5.0)
+        self.power_low, self.power_high = low, high
+        self.power = _waves(rng, (high - low) / 3)
+        # Busy GPUs brush their power limit now and then: a small share of
+        # time counted as power violation.
+        self.power_violation_share = rng.uniform(0.001, 0.006)
+        # Most GPUs count no corrected ECC errors; a few count one now and then.
+        self.corrected_ecc_per_s = rng.choice((0.0, 0.0, 0.0, rng.uniform(1 / 7200, 1 / 900)))
+        self.corrected_ecc_history = rng.choice((0, 0, rng.randint(1, 40)))
+        self.link_crc_per_s = tuple(
+            rng.uniform(1 / 3600, 1 / 600) if rng.random() < 0.1 else 0.0 for _ in range(links)
+        )
+
+    def temperature_at(self, t: float) -> float:
+        return min(72.0, max(55.0, self.temperature_base + _sum(self.temperature, t)))
+
+    def utilization_at(self, t: float) -> int:
+        return round(min(100.0, max(85.0, 94.0 + _sum(self.utilization, t))))
+
+    def memory_utilization_at(self, t: float) -> int:
+        return round(self.memory_utilization_base + _sum(self.memory_utilization, t))
+
+    def power_at(self, t: float) -> float:
+        middle = (self.power_low + self.power_high) / 2
+        return min(self.power_high, max(self.power_low, middle + _sum(self.power, t)))
+
+    def sm_clock_at(self, t: float, spec: GpuSpec) -> float:
+        # At the top of its power swing a GPU drops a clock step or two.
+        over = (self.power_at(t) - self.power_high + 40.0) / 20.0
+        return spec.sm_max_mhz - spec.clock_step_mhz * math.floor(min(2.0, max(0.0, over)))
+
+
+def _envelope(fault: Fault, t: float, ramp: float) -> float:
+    """0..1: rises over `ramp` seconds from the fault's start, falls as long after its end."""
+    if t < fault.at:
+        return 0.0
+    rise = min(1.0, (t - fault.at) / ramp)
+    if t < fault.until:
+        return rise
+    peak = min(1.0, (fault.until - fault.at) / ramp)
+    return max(0.0, peak - (t - fault.until) / ramp)
+
+
+def _count(faults: tuple[Fault, ...], t: float) -> int:
+    """How many of these one-shot faults have happened by time t."""
+    return sum(1 for fault in faults if fault.at <= t)
+
+
+def _any_active(faults: tuple[Fault, ...], t: float) -> bool:
+    return any(fault.active(t) for fault in faults)
+
+
+def _grown(faults: tuple[Fault, ...], t: float, share: float = 1.0) -> int:
+    """Events counted by rate faults (rate x active time) by time t."""
+    return sum(math.floor((fault.rate or 0.0) * share * fault.elapsed(t)) for fault in faults)
+
+
+def _quantize(mhz: float, spec: GpuSpec) -> int:
+    return int(round(mhz / spec.clock_step_mhz) * spec.clock_step_mhz)
+
+
+class _GpuModel:
+    """One GPU: its background and the scenario's faults on it."""
+
+    def __init__(self, gpu: SimulatedGpu, faults: tuple[Fault, ...], seed: int) -> None:
+        self.gpu = gpu
+        self._faults = faults
+        self._background = _Background(
+            random.Random(f"{seed}/gpu/{gpu.index}"), gpu.spec, gpu.nvlinks
+        )
+        for fault in faults:
+            if fault.link is not None and fault.link >= gpu.nvlinks:
+                raise ValueError(
+                    f"{fault.kind} at {fault.at:g}s: GPU {gpu.index} ({gpu.spec.name}) has "
+                    f"{gpu.nvlinks} NVLinks, no link {fault.link}"
+                )
+
+    def _of(self, kind: str, link: int | None = None) -> tuple[Fault, ...]:
+        return tuple(f for f in self._faults if f.kind == kind and (link is None or f.link == link))
+
+    def xids(self) -> list[XidRecord]:
+        index = self.gpu.index
+        records = [XidRecord(index, f.code or 0, f.at) for f in self._of("xid")]
+        records += [
+            XidRecord(index, f.code or XID_DOUBLE_BIT_ECC, f.at)
+            for f in self._of("ecc_uncorrectable")
+        ]
+        records += [
+            XidRecord(index, XID_ROW_REMAP_EVENT, f.at) for f in self._of("row_remap_pending")
+        ]
+        records += [
+            XidRecord(index, XID_ROW_REMAP_FAILURE, f.at) for f in self._of("row_remap_failure")
+        ]
+        records += [
+            XidRecord(index, XID_FALLEN_OFF_BUS, f.at - GPU_LOST_XID_LEAD_S)
+            for f in self._of("gpu_lost")
+        ]
+        return records
+
+    def state_at(self, t: float) -> GpuState:
+        spec, background = self.gpu.spec, self._background
+        heat = max(
+            (_envelope(f, t, THERMAL_RAMP_S) for f in self._of("thermal_throttle")), default=0.0
+        )
+        temperature = background.temperature_at(t)
+        temperature += (spec.slowdown_celsius + THERMAL_OVERSHOOT_C - temperature) * heat
+        reasons, sm_clock, power = 0, background.sm_clock_at(t, spec), background.power_at(t)
+        if heat >= 1.0:
+            reasons |= _THERMAL_REASONS
+            sm_clock = spec.sm_max_mhz * HW_SLOWDOWN_CLOCK_RATIO
+            power *= HW_SLOWDOWN_POWER_RATIO
+        if _any_active(self._of("power_cap"), t):
+            reasons |= _POWER_CAP_REASON
+            sm_clock = min(sm_clock, spec.sm_max_mhz * POWER_CAP_CLOCK_RATIO)
+            power = spec.power_limit_watts - POWER_CAP_MARGIN_W
+        for fault in self._of("clock_drift"):
+            if fault.active(t):
+                sm_clock *= fault.ratio or DEFAULT_CLOCK_DRIFT_RATIO
+        return GpuState(
+            lost=_any_active(self._of("gpu_lost"), t),
+            temperature_celsius=round(temperature),
+            memory_temperature_celsius=round(temperature + background.memory_offset),
+            sm_clock_mhz=_quantize(sm_clock, spec),
+            memory_clock_mhz=spec.memory_mhz,
+            power_milliwatts=round(power * 1000),
+            utilization_gpu_percent=background.utilization_at(t),
+            utilization_memory_percent=background.memory_utilization_at(t),
+            clocks_event_reasons=reasons,
+            violation_ns=self._violation_ns(t),
+            ecc_errors=self._ecc_errors(t),
+            repairs=self._memory_repairs(t),
+            links=tuple(self._link(link, t) for link in range(self.gpu.nvlinks)),
+        )
+
+    def _violation_ns(self, t: float) -> dict[str, int]:
+        power_s = self._background.power_violation_share * t
+        power_s += sum(f.elapsed(t) for f in self._of("power_cap"))
+        # Thermal violation time runs while the GPU sits at its throttle point,
+        # from the end of the ramp up to the end of the fault.
+        thermal_s = sum(
+            max(0.0, min(t, f.until) - f.at - THERMAL_RAMP_S) for f in self._of("thermal_throttle")
+        )
+        seconds = dict.fromkeys(THROTTLE_REASONS, 0.0) | {"power": power_s, "thermal": thermal_s}
+        return {reason: int(value * 1e9) for reason, value in seconds.items()}
+
+    def _ecc_errors(self, t: float) -> dict[tuple[str, str], int]:
+        corrected = math.floor(self._background.corrected_ecc_per_s * t)
+        corrected += _grown(self._of("ecc_sbe_storm"), t)
+        uncorrected = _count(self._of("ecc_uncorrectable"), t)
+        volatile = dict(zip(ECC_TYPES, (corrected, uncorrected), strict=True))
+        history = {"corrected": self._background.corrected_ecc_history, "uncorrected": 0}
+        return {
+            (kind, scope): volatile[kind] + (history[kind] if scope == "aggregate" else 0)
+            for kind in ECC_TYPES
+            for scope in ECC_SCOPES
+        }
+
+    def _memory_repairs(self, t: float) -> MemoryRepairs:
+        uncorrectable = self._of("ecc_uncorrectable")
+        remap_pending = self._of("row_remap_pending")
+        pending = _any_active(uncorrectable + remap_pending, t)
+        # A pending repair of a correctable row and an uncorrectable error each
+        # take one more spare row, or retire one more page on older GPUs.
+        correctable_repairs = _count(remap_pending, t)
+        uncorrectable_repairs = _count(uncorrectable, t)
+        if self.gpu.spec.remaps_rows:
+            return MemoryRepairs(
+                remapped_rows_correctable=correctable_repairs,
+                remapped_rows_uncorrectable=uncorrectable_repairs,
+                row_remap_pending=pending,
+                row_remap_failed=_any_active(self._of("row_remap_failure"), t),
+            )
+        retired = (correctable_repairs, uncorrectable_repairs)
+        return MemoryRepairs(
+            retired_pages=dict(zip(RETIRED_PAGE_CAUSES, retired, strict=True)),
+            retired_pages_pending=pending,
+        )
+
+    def _link(self, link: int, t: float) -> LinkState:
+        storms = self._of("nvlink_crc_storm", link)
+        background = math.floor(self._background.link_crc_per_s[link] * t)
+        counters = dict.fromkeys(NVLINK_ERROR_TYPES, 0) | {
+            "crc_flit": background + _grown(storms, t),
+            "crc_data": _grown(storms, t, CRC_DATA_SHARE),
+            "replay": background + _grown(storms, t),
+            "recovery": _grown(storms, t, RECOVERY_SHARE),
+        }
+        return LinkState(
+            active=not _any_active(self._of("nvlink_down", link), t), counters=counters
+        )
+
+
+def _pci_bus_id(index: int) -> str:
+    bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + 0x10 * index
+    return f"00000000:{bus:02X}:00.0"
+
+
+_GPU_FAULT_KINDS = frozenset(
+    {
+        "thermal_throttle",
+        "power_cap",
+        "clock_drift",
+        "nvlink_crc_storm",
+        "nvlink_down",
+        "ecc_sbe_storm",
+        "ecc_uncorrectable",
+        "row_remap_pending",
+        "row_remap_failure",
+        "xid",
+        "gpu_lost",
+    }
+)
+
+
+class SimulatedGpus:
+    """The GPUs of a simulated node, moved through time by `advance(now)`.
+
+    `now` is wall time; the scenario's fault times are relative to `start`.
+    XIDs are queued for the NVML event sets once the model has advanced past
+    their time (the first advance queues those at or before it).
+    """
+
+    def __init__(self, scenario: Scenario, start: float) -> None:
+        spec = spec_for(scenario.node.model)
+        rng = random.Random(f"{scenario.seed}/node")
+        links = min(scenario.node.nvlinks, spec.nvlinks)
+        self.start = start
+        self.gpus = tuple(
+            SimulatedGpu(
+                index=index,
+                spec=spec,
+                uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
+                pci_bus_id=_pci_bus_id(index),
+                nvlinks=links,
+            )
+            for index in range(scenario.node.gpus)
+        )
+        faults = tuple(f for f in scenario.faults if f.kind in _GPU_FAULT_KINDS)
+        self._models = tuple(
+            _GpuModel(gpu, tuple(f for f in faults if f.gpu == gpu.index), scenario.seed)
+            for gpu in self.gpus
+        )
+        self._schedule = sorted(
+            (record for model in self._models for record in model.xids()), key=lambda r: r.time
+        )
+        self._changed = threading.Condition()
+        self._xid_log: list[XidRecord] = []
+        self._xids_until = -math.inf
+        self.now = start
+        self._states = self._states_at(0.0)
+
+    def _states_at(self, t: float) -> tuple[GpuState, ...]:
+        return tuple(model.state_at(t) for model in self._models)
+
+    def advance(self, now: float) -> None:
+        t = max(0.0, now - self.start)
+        states = self._states_at(t)
+        with self._changed:
+            self.now = now
+            self._states = states
+            due = [r for r in self._schedule if self._xids_until < r.time <= t]
+            self._xid_log.extend(due)
+            self._xids_until = max(self._xids_until, t)
+            self._changed.notify_all()
+
+    def state(self, index: int) -> GpuState:
+        return self._states[index]
+
+    @property
+    def xid_count(self) -> int:
+        """How many XIDs were raised so far: a cursor for `xids_from`."""
+        with self._changed:
+            return len(self._xid_log)
+
+    def xids_from(self, cursor: int) -> tuple[XidRecord, ...]:
+        with self._changed:
+            return tuple(self._xid_log[cursor:])
+
+    def wait_for_xid(self, cursor: int, timeout_s: float) -> None:
+        """Block until an XID past `cursor` is raised or `timeout_s` passed (real time)."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._xid_log) > cursor, timeout_s)
