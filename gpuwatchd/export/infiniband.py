@@ -1,0 +1,213 @@
+"""InfiniBand metric families, rendered fresh from a Snapshot.
+
+Names, help texts, units and labels are node_exporter's infiniband collector's
+with `gpuwatchd_` in place of `node_`, so a query written for node_exporter
+ports over by renaming the prefix (tests/golden holds node_exporter 1.5's own
+output for a real tree, and a test keeps the two equal). Added beyond
+node_exporter 1.5: `gpuwatchd_infiniband_hw_counters_total{device,port,counter}`
+for every file under `hw_counters/` (plural, like the folder: promtool rejects
+a name with `_counter_` in it). An absent value is an absent series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuwatchd.model import InfinibandDevice, PortSample
+from gpuwatchd.snapshot import Snapshot
+
+PREFIX = "gpuwatchd_infiniband_"
+PORT_LABELS = ("device", "port")
+
+# `counters/` file -> (metric name after the prefix, node_exporter's help text).
+COUNTER_METRICS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "excessive_buffer_overrun_errors": (
+            "excessive_buffer_overrun_errors_total",
+            "Number of times that OverrunErrors consecutive flow control update periods "
+            "occurred, each having at least one overrun error.",
+        ),
+        "link_downed": (
+            "link_downed_total",
+            "Number of times the link failed to recover from an error state and went down",
+        ),
+        "link_error_recovery": (
+            "link_error_recovery_total",
+            "Number of times the link successfully recovered from an error state",
+        ),
+        "local_link_integrity_errors": (
+            "local_link_integrity_errors_total",
+            "Number of times that the count of local physical errors exceeded the threshold "
+            "specified by LocalPhyErrors.",
+        ),
+        "multicast_rcv_packets": (
+            "multicast_packets_received_total",
+            "Number of multicast packets received (including errors)",
+        ),
+        "multicast_xmit_packets": (
+            "multicast_packets_transmitted_total",
+            "Number of multicast packets transmitted (including errors)",
+        ),
+        "port_rcv_constraint_errors": (
+            "port_constraint_errors_received_total",
+            "Number of packets received on the switch physical port that are discarded",
+        ),
+        "port_xmit_constraint_errors": (
+            "port_constraint_errors_transmitted_total",
+            "Number of packets not transmitted from the switch physical port",
+        ),
+        "port_rcv_data": (
+            "port_data_received_bytes_total",
+            "Number of data octets received on all links",
+        ),
+        "port_xmit_data": (
+            "port_data_transmitted_bytes_total",
+            "Number of data octets transmitted on all links",
+        ),
+        "port_rcv_discards": (
+            "port_discards_received_total",
+            "Number of inbound packets discarded by the port because the port is down or congested",
+        ),
+        "port_xmit_discards": (
+            "port_discards_transmitted_total",
+            "Number of outbound packets discarded by the port because the port is down or "
+            "congested",
+        ),
+        "port_rcv_errors": (
+            "port_errors_received_total",
+            "Number of packets containing an error that were received on this port",
+        ),
+        "port_rcv_packets": (
+            "port_packets_received_total",
+            "Number of packets received on all VLs by this port (including errors)",
+        ),
+        "port_xmit_packets": (
+            "port_packets_transmitted_total",
+            "Number of packets transmitted on all VLs from this port (including errors)",
+        ),
+        "port_xmit_wait": (
+            "port_transmit_wait_total",
+            "Number of ticks during which the port had data to transmit but no data was sent "
+            "during the entire tick",
+        ),
+        "unicast_rcv_packets": (
+            "unicast_packets_received_total",
+            "Number of unicast packets received (including errors)",
+        ),
+        "unicast_xmit_packets": (
+            "unicast_packets_transmitted_total",
+            "Number of unicast packets transmitted (including errors)",
+        ),
+        "port_rcv_remote_physical_errors": (
+            "port_receive_remote_physical_errors_total",
+            "Number of packets marked with the EBP (End of Bad Packet) delimiter received on "
+            "the port.",
+        ),
+        "port_rcv_switch_relay_errors": (
+            "port_receive_switch_relay_errors_total",
+            "Number of packets that could not be forwarded by the switch.",
+        ),
+        "symbol_error": (
+            "symbol_error_total",
+            "Number of minor link errors detected on one or more physical lanes.",
+        ),
+        "VL15_dropped": (
+            "vl15_dropped_total",
+            "Number of incoming VL15 packets dropped due to resource limitations.",
+        ),
+    }
+)
+
+# `hw_counters/lifespan` is the driver's counter aging period in milliseconds,
+# a setting rather than a count, so it is not exported as a counter.
+NOT_HW_COUNTERS = frozenset({"lifespan"})
+
+PortValue = Callable[[PortSample], float | int | None]
+
+# Per-port gauges: (metric name after the prefix, help, value).
+PORT_GAUGES: tuple[tuple[str, str, PortValue], ...] = (
+    (
+        "state_id",
+        "State of the InfiniBand port (0: no change, 1: down, 2: init, 3: armed, 4: active, "
+        "5: act defer)",
+        lambda port: port.state_id,
+    ),
+    (
+        "physical_state_id",
+        "Physical state of the InfiniBand port (0: no change, 1: sleep, 2: polling, 3: disable, "
+        "4: shift, 5: link up, 6: link error recover, 7: phytest)",
+        lambda port: port.physical_state_id,
+    ),
+    (
+        "rate_bytes_per_second",
+        "Maximum signal transfer rate",
+        lambda port: port.rate_bytes_per_second,
+    ),
+)
+
+
+def _port_labels(port: PortSample) -> list[str]:
+    return [port.device, str(port.port)]
+
+
+def _info(devices: Sequence[InfinibandDevice]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        PREFIX + "info",
+        "Non-numeric data from /sys/class/infiniband/<device>, value is always 1.",
+        labels=("device", "board_id", "firmware_version", "hca_type"),
+    )
+    for device in devices:
+        # A label cannot be absent from one series of a family; an empty value
+        # is what Prometheus treats as no label, and what node_exporter writes.
+        facts = (device.board_id, device.firmware_version, device.hca_type)
+        family.add_metric([device.device, *(fact or "" for fact in facts)], 1.0)
+    return family
+
+
+def _gauges(ports: Sequence[PortSample]) -> Iterator[GaugeMetricFamily]:
+    for name, documentation, value in PORT_GAUGES:
+        family = GaugeMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
+        for port in ports:
+            reading = value(port)
+            if reading is not None:
+                family.add_metric(_port_labels(port), float(reading))
+        yield family
+
+
+def _counters(ports: Sequence[PortSample]) -> Iterator[CounterMetricFamily]:
+    for file, (name, documentation) in COUNTER_METRICS.items():
+        family = CounterMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
+        for port in ports:
+            reading = port.counters.get(file)
+            if reading is not None:
+                family.add_metric(_port_labels(port), float(reading))
+        yield family
+
+
+def _hw_counters(ports: Sequence[PortSample]) -> CounterMetricFamily:
+    family = CounterMetricFamily(
+        PREFIX + "hw_counters_total",
+        "Driver-specific hardware counter of the port, named by its file under hw_counters/.",
+        labels=(*PORT_LABELS, "counter"),
+    )
+    for port in ports:
+        for counter, reading in sorted(port.hw_counters.items()):
+            if counter not in NOT_HW_COUNTERS:
+                family.add_metric([*_port_labels(port), counter], float(reading))
+    return family
+
+
+def families(snapshot: Snapshot) -> list[Metric]:
+    """Every InfiniBand family that has at least one series in the snapshot."""
+    ports = snapshot.ports
+    rendered: list[Metric] = [
+        _info(snapshot.infiniband_devices),
+        *_gauges(ports),
+        *_counters(ports),
+        _hw_counters(ports),
+    ]
+    # A family with no samples says nothing; node_exporter leaves it out too.
+    return [family for family in rendered if family.samples]

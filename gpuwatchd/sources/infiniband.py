@@ -1,0 +1,283 @@
+"""The InfiniBand source: every HCA port under `<sysfs_root>/class/infiniband`.
+
+Reads, per device, `board_id`, `fw_ver`, `hca_type` and `node_guid`, and per
+port `state`, `phys_state`, `rate`, `link_layer` and every file under
+`counters/` and `hw_counters/`. What a file does not say (missing, empty,
+unreadable, `N/A (no PMA)`) is an absent value, logged once per file; it
+never stops the rest of the port from being read. A device that disappears
+while it is read (hot unplug, driver reload) is left out of that poll.
+
+The source knows nothing about health: it also owns `COUNTER_BITS`, the
+widths at which the IBTA counters under `counters/` saturate, because that is
+a fact of this hardware interface that the checks and the simulator share.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TypeVar
+
+from gpuwatchd.config import InfinibandSourceConfig
+from gpuwatchd.model import InfinibandDevice, PortSample, Reading
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CLASS_PATH = ("class", "infiniband")
+
+# Widths of the IBTA PortCounters behind each `counters/` file (the kernel's
+# PORT_PMA_ATTR table in drivers/infiniband/core/sysfs.c). They clamp at
+# 2**bits - 1 instead of wrapping. The data and packet counters are read from
+# PortCountersExtended (64 bits) on every HCA of this decade, so they have no
+# entry: they do not saturate in practice.
+COUNTER_BITS: Mapping[str, int] = MappingProxyType(
+    {
+        "symbol_error": 16,
+        "link_error_recovery": 8,
+        "link_downed": 8,
+        "port_rcv_errors": 16,
+        "port_rcv_remote_physical_errors": 16,
+        "port_rcv_switch_relay_errors": 16,
+        "port_xmit_discards": 16,
+        "port_xmit_constraint_errors": 8,
+        "port_rcv_constraint_errors": 8,
+        "local_link_integrity_errors": 4,
+        "excessive_buffer_overrun_errors": 4,
+        "VL15_dropped": 16,
+        "port_xmit_wait": 32,
+    }
+)
+
+# Counters that drivers show in 4-byte words (IBTA PortXmitData/PortRcvData
+# count octets divided by 4); the sample holds bytes.
+WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
+BYTES_PER_WORD = 4
+
+DEVICE_FILES = ("board_id", "fw_ver", "hca_type", "node_guid")
+
+# `4: ACTIVE`, `5: LinkUp`: a number, a colon, a name.
+_STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
+# `400 Gb/sec (4X NDR)`, `2.5 Gb/sec (1X SDR)`, `0 GB/sec`. Like node_exporter,
+# the number is read as Gb/s whatever the case of the unit: the kernel's
+# rate_show writes only `Gb/sec`, and the `GB/sec` spelling is seen with 0.
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec\b")
+_COUNTER_RE = re.compile(r"^\s*(\d+)\s*$")
+BYTES_PER_GIGABIT = 125_000_000
+
+# Errors that mean the file (or the device under it) is gone, not unreadable.
+_GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ENXIO})
+
+
+def read_attribute(path: str) -> str:
+    """The text of one sysfs attribute (at most a page, so one read).
+
+    Raises OSError; some drivers fail in read() rather than open() (EINVAL,
+    EOPNOTSUPP), so both are inside the caller's handler.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(descriptor, 4096)
+    finally:
+        os.close(descriptor)
+    return data.decode("utf-8", "replace").strip()
+
+
+def parse_state(text: str) -> tuple[int, str]:
+    """`4: ACTIVE` -> (4, "ACTIVE")."""
+    match = _STATE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a state such as '4: ACTIVE': {text!r}")
+    return int(match.group(1)), match.group(2)
+
+
+def parse_rate(text: str) -> float:
+    """`400 Gb/sec (4X NDR)` -> bytes per second (5e10)."""
+    match = _RATE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a rate such as '400 Gb/sec (4X NDR)': {text!r}")
+    return float(match.group(1)) * BYTES_PER_GIGABIT
+
+
+def parse_counter(text: str) -> int:
+    """A non-negative decimal count; anything else (`N/A (no PMA)`, empty) is an error."""
+    match = _COUNTER_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a number: {text!r}")
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class _Problem:
+    subject: str
+    path: str
+    reason: str
+    gone: bool  # the file is missing: maybe the device or port went away
+
+
+@dataclass
+class _Attempt:
+    """What one device or port read ran into, judged once the read is over."""
+
+    subject: str
+    problems: list[_Problem] = field(default_factory=list)
+
+    def text(self, path: str) -> str | None:
+        try:
+            text = read_attribute(path)
+        except OSError as error:
+            self.fail(path, error)
+            return None
+        if not text:
+            self.problems.append(_Problem(self.subject, path, "empty", gone=False))
+            return None
+        return text
+
+    def listing(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(path))
+        except OSError as error:
+            self.fail(path, error)
+            return []
+
+    def fail(self, path: str, error: OSError) -> None:
+        gone = error.errno in _GONE_ERRNOS
+        reason = "missing" if gone else (error.strerror or str(error))
+        self.problems.append(_Problem(self.subject, path, reason, gone))
+
+    def unparsable(self, path: str, error: ValueError) -> None:
+        self.problems.append(_Problem(self.subject, path, str(error), gone=False))
+
+    @property
+    def missed_files(self) -> bool:
+        return any(problem.gone for problem in self.problems)
+
+
+class InfinibandSource:
+    """Source over `<sysfs_root>/class/infiniband`, minus `exclude_devices`."""
+
+    name = "infiniband"
+
+    def __init__(self, config: InfinibandSourceConfig) -> None:
+        self._class_dir = os.path.join(config.sysfs_root, *CLASS_PATH)
+        self._exclude = frozenset(config.exclude_devices)
+        self._reported: set[str] = set()
+
+    def poll(self, now: float) -> Reading:
+        try:
+            names = sorted(os.listdir(self._class_dir))
+        except FileNotFoundError:
+            # A node without an RDMA driver loaded: nothing to read, not a failure.
+            self._report_once(self._class_dir, f"ib: {self._class_dir} is missing: no devices")
+            return Reading(source=self.name, time=now, infiniband_devices=(), ports=())
+        except OSError as error:
+            reason = f"cannot list {self._class_dir}: {error.strerror}"
+            return Reading(source=self.name, time=now, error=reason)
+        devices: list[InfinibandDevice] = []
+        ports: list[PortSample] = []
+        for name in names:
+            if name in self._exclude:
+                continue
+            read = self._read_device(name)
+            if read is not None:
+                devices.append(read[0])
+                ports.extend(read[1])
+        return Reading(
+            source=self.name, time=now, infiniband_devices=tuple(devices), ports=tuple(ports)
+        )
+
+    def close(self) -> None:
+        """Nothing is held open between polls."""
+
+    def _read_device(self, name: str) -> tuple[InfinibandDevice, list[PortSample]] | None:
+        directory = os.path.join(self._class_dir, name)
+        attempt = _Attempt(f"ib:{name}")
+        facts = {file: attempt.text(os.path.join(directory, file)) for file in DEVICE_FILES}
+        ports_dir = os.path.join(directory, "ports")
+        ports: list[PortSample] = []
+        attempts = [attempt]
+        lost_port = False
+        numbers = sorted(int(entry) for entry in attempt.listing(ports_dir) if entry.isdigit())
+        for number in numbers:
+            port_attempt = _Attempt(f"ib:{name}/{number}")
+            port_dir = os.path.join(ports_dir, str(number))
+            port = self._read_port(name, number, port_dir, port_attempt)
+            # Only a read that missed files pays for the check that the port is still there.
+            if port_attempt.missed_files and not os.path.isdir(port_dir):
+                lost_port = True
+                continue
+            ports.append(port)
+            attempts.append(port_attempt)
+        if (attempt.missed_files or lost_port) and not os.path.isdir(directory):
+            log.debug("ib:%s: the device went away while it was read", name)
+            return None
+        for each in attempts:
+            self._report(each)
+        device = InfinibandDevice(
+            device=name,
+            board_id=facts["board_id"],
+            firmware_version=facts["fw_ver"],
+            hca_type=facts["hca_type"],
+            node_guid=facts["node_guid"],
+        )
+        return device, ports
+
+    def _read_port(self, device: str, number: int, directory: str, attempt: _Attempt) -> PortSample:
+        state = self._parsed(attempt, os.path.join(directory, "state"), parse_state)
+        physical = self._parsed(attempt, os.path.join(directory, "phys_state"), parse_state)
+        rate = self._parsed(attempt, os.path.join(directory, "rate"), parse_rate)
+        link_layer = attempt.text(os.path.join(directory, "link_layer"))
+        counters = self._counters(attempt, os.path.join(directory, "counters"))
+        hw_counters = self._counters(attempt, os.path.join(directory, "hw_counters"))
+        for name in WORD_COUNTERS & counters.keys():
+            counters[name] *= BYTES_PER_WORD
+        return PortSample(
+            device=device,
+            port=number,
+            state_id=state[0] if state else None,
+            state=state[1] if state else None,
+            physical_state_id=physical[0] if physical else None,
+            physical_state=physical[1] if physical else None,
+            rate_bytes_per_second=rate,
+            link_layer=link_layer,
+            counters=counters,
+            hw_counters=hw_counters,
+        )
+
+    def _counters(self, attempt: _Attempt, directory: str) -> dict[str, int]:
+        values: dict[str, int] = {}
+        for name in attempt.listing(directory):
+            value = self._parsed(attempt, os.path.join(directory, name), parse_counter)
+            if value is not None:
+                values[name] = value
+        return values
+
+    @staticmethod
+    def _parsed(attempt: _Attempt, path: str, parse: Callable[[str], T]) -> T | None:
+        text = attempt.text(path)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as error:
+            attempt.unparsable(path, error)
+            return None
+
+    def _report(self, attempt: _Attempt) -> None:
+        for problem in attempt.problems:
+            message = f"{problem.subject}: {problem.path}: {problem.reason}; read on without it"
+            self._report_once(problem.path, message, missing=problem.gone)
+
+    def _report_once(self, key: str, message: str, missing: bool = True) -> None:
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        # Drivers differ in which files they offer (hfi1 has no hca_type, mlx4
+        # no hw_counters): a missing file is information, a broken one a warning.
+        log.log(logging.INFO if missing else logging.WARNING, message)
