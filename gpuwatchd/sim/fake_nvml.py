@@ -1,0 +1,647 @@
+"""A fake libnvidia-ml under the real nvidia-ml-py, serving a `SimulatedGpus` model.
+
+nvidia-ml-py looks every NVML function up by name on its module-global
+`pynvml.nvmlLib` (and caches what it found). `FakeNvml.install()` puts a
+library object there whose attributes are ctypes callbacks with NVML's C
+signatures, so the binding's own wrappers, structs and error classes run as
+they do on a GPU node: a name the fake does not export raises
+`NVMLError_FunctionNotFound` exactly as an old driver would.
+
+Pointer arguments are declared `c_void_p` and cast inside. One `FakeNvml`
+delegates to a swappable model (`fake.model = ...`); tests can remove a
+function (`remove_function`) or make a function, or one field value, fail
+with any NVML error on one GPU or all (`fail`, `fail_field`).
+
+Per generation, as HARDWARE-NOTES.md describes:
+- Volta/Ampere: `nvmlDeviceGetNvLinkErrorCounter` and the per-link `_L<n>`
+  field ids answer; the scoped `NVML_FI_DEV_NVLINK_ERROR_DL_*` fields do not.
+- Hopper: the scoped DL fields answer with scope id = link (CRC, replay,
+  recovery); the `_L<n>` fields and the error-counter call are NotSupported.
+- Blackwell: only the `NVML_FI_DEV_NVLINK_COUNT_*` fields answer.
+- Ampere and newer report remapped rows, older GPUs retired pages.
+- A driver from R580 on answers `nvmlDeviceGetViolationStatus` with
+  `NVML_ERROR_DEPRECATED`; the perf-policy field values answer on every driver.
+
+Typical use (simulator or test):
+
+    gpus = SimulatedGpus(scenario, start=clock.now())
+    with FakeNvml(gpus):          # or fake.install() / fake.uninstall()
+        source = NvmlSource(clock, config)
+        gpus.advance(clock.now()); source.poll(clock.now())
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import pynvml
+
+from gpuwatchd.sim.gpu import GpuState, SimulatedGpu, SimulatedGpus, XidRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DRIVER_VERSION = "550.54.15"
+R580_DRIVER_VERSION = "580.82.07"
+
+_HANDLE_BASE = 0x6000  # device handles are opaque, non-null pointers
+_EVENT_SET_BASE = 0x7000
+_SUPPORTED_EVENTS = (
+    pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypePState
+    | pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeClock
+)
+
+# NVML return codes and value types, typed (the binding is untyped).
+_SUCCESS: int = pynvml.NVML_SUCCESS
+_ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+_DEPRECATED: int = pynvml.NVML_ERROR_DEPRECATED
+_GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+_INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+_INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
+_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+_TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
+_UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
+_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
+_ULL_TYPE: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+_P = ctypes.c_void_p
+_U = ctypes.c_uint
+_I = ctypes.c_int
+_ULL = ctypes.c_ulonglong
+
+# nvmlDeviceGetNvLinkErrorCounter's counters, and the per-link field ids of the
+# same counters on drivers before Hopper, by NVLINK_ERROR_TYPES name.
+_ERROR_COUNTERS = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+    pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA: "ecc_data",
+}
+_LANE_FIELD_PREFIXES = {
+    "crc_flit": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L",
+    "crc_data": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L",
+    "replay": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L",
+    "recovery": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L",
+    "ecc_data": "NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L",
+}
+_LANE_FIELDS: dict[int, tuple[str, int]] = {
+    getattr(pynvml, f"{prefix}{link}"): (kind, link)
+    for kind, prefix in _LANE_FIELD_PREFIXES.items()
+    for link in range(12)
+    if hasattr(pynvml, f"{prefix}{link}")
+}
+_HOPPER_LINK_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
+}
+_BLACKWELL_LINK_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: "crc_flit",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS: "recovery",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS: "recovery",
+}
+_PERF_POLICY_FIELDS = {
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: "power",
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: "thermal",
+    pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: "sync_boost",
+    pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: "board_limit",
+    pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: "low_utilization",
+    pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: "reliability",
+}
+_PERF_POLICIES = {
+    pynvml.NVML_PERF_POLICY_POWER: "power",
+    pynvml.NVML_PERF_POLICY_THERMAL: "thermal",
+    pynvml.NVML_PERF_POLICY_SYNC_BOOST: "sync_boost",
+    pynvml.NVML_PERF_POLICY_BOARD_LIMIT: "board_limit",
+    pynvml.NVML_PERF_POLICY_LOW_UTILIZATION: "low_utilization",
+    pynvml.NVML_PERF_POLICY_RELIABILITY: "reliability",
+}
+_ECC_TYPES = {
+    pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected",
+}
+_ECC_SCOPES = {pynvml.NVML_VOLATILE_ECC: "volatile", pynvml.NVML_AGGREGATE_ECC: "aggregate"}
+_RETIREMENT_CAUSES = {
+    pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: "multiple_single_bit",
+    pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: "double_bit",
+}
+_ERROR_NAMES = {
+    getattr(pynvml, name): name.removeprefix("NVML_ERROR_").replace("_", " ").capitalize()
+    for name in dir(pynvml)
+    if name.startswith("NVML_ERROR_")
+}
+
+
+@dataclass(frozen=True)
+class _Export:
+    """One exported symbol: its C argument types and the Python that answers it.
+
+    A device function's first argument is the device handle; the fake turns
+    it into the GPU index (or answers for a lost GPU) before calling `answer`.
+    """
+
+    argtypes: tuple[Any, ...]
+    answer: Callable[..., int]
+    device: bool = False
+    restype: Any = ctypes.c_int
+
+
+@dataclass
+class _EventSet:
+    cursor: int  # the model's XIDs before this one were raised before the set existed
+    gpus: set[int] = field(default_factory=set)
+
+
+class _Library:
+    """Stands where nvidia-ml-py expects the loaded libnvidia-ml: one attribute per symbol."""
+
+
+def _write_string(address: int | None, size: int, text: str) -> int:
+    data = text.encode() + b"\0"
+    if address is None or len(data) > size:
+        return _INSUFFICIENT_SIZE
+    ctypes.memmove(address, data, len(data))
+    return _SUCCESS
+
+
+def _put(ctype: Any, address: int | None, value: int) -> int:
+    if address is None:
+        return _INVALID_ARGUMENT
+    ctype.from_address(address).value = value
+    return _SUCCESS
+
+
+def _driver_branch(version: str) -> int:
+    return int(version.split(".", 1)[0])
+
+
+class FakeNvml:
+    """A libnvidia-ml stand-in answering from a `SimulatedGpus` model."""
+
+    def __init__(
+        self,
+        model: SimulatedGpus,
+        driver_version: str = DEFAULT_DRIVER_VERSION,
+        max_wait_s: float | None = None,
+    ) -> None:
+        """`max_wait_s` caps how long `nvmlEventSetWait_v2` blocks in real time
+        (a fast-forwarded simulation or a test need not wait the full timeout)."""
+        self._model = model
+        self.driver_version = driver_version
+        self.max_wait_s = max_wait_s
+        self._initialized = 0
+        self._errors: dict[tuple[str | None, int | None], int] = {}
+        self._field_errors: dict[tuple[int, int | None], int] = {}
+        self._event_sets: dict[int, _EventSet] = {}
+        self._next_event_set = _EVENT_SET_BASE
+        self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self._previous_library: Any = None
+        self.library = _Library()
+        self._exports = self._exports_table()
+        for name in self._exports:
+            self.restore_function(name)
+
+    # -- what tests and the simulator call ------------------------------------
+
+    @property
+    def model(self) -> SimulatedGpus:
+        return self._model
+
+    @model.setter
+    def model(self, model: SimulatedGpus) -> None:
+        self._model = model
+        for event_set in self._event_sets.values():
+            event_set.cursor = model.xid_count
+
+    @property
+    def r580(self) -> bool:
+        return _driver_branch(self.driver_version) >= 580
+
+    def install(self) -> FakeNvml:
+        """Make nvidia-ml-py use this fake as its loaded library."""
+        self._previous_library = pynvml.nvmlLib
+        pynvml.nvmlLib = self.library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        return self
+
+    def uninstall(self) -> None:
+        pynvml.nvmlLib = self._previous_library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+    def __enter__(self) -> FakeNvml:
+        return self.install()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.uninstall()
+
+    def remove_function(self, name: str) -> None:
+        """Stop exporting `name`, as a driver that predates it (FunctionNotFound)."""
+        if hasattr(self.library, name):
+            delattr(self.library, name)
+        pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
+
+    def restore_function(self, name: str) -> None:
+        export = self._exports[name]
+        prototype = ctypes.CFUNCTYPE(export.restype, *export.argtypes)
+        setattr(self.library, name, prototype(self._entry(name, export)))
+        pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
+
+    def fail(self, code: int, function: str | None = None, gpu: int | None = None) -> None:
+        """Make `function` (every device function when None) return `code` on
+        `gpu` (every GPU when None)."""
+        self._errors[function, gpu] = code
+
+    def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
+        """Make one field id answer `code` in its own nvmlReturn."""
+        self._field_errors[field_id, gpu] = code
+
+    def clear_failures(self) -> None:
+        self._errors.clear()
+        self._field_errors.clear()
+
+    # -- the C entry points ---------------------------------------------------
+
+    def _entry(self, name: str, export: _Export) -> Callable[..., int]:
+        def entry(*args: Any) -> int:
+            # An exception must not escape into ctypes: it would be printed
+            # and the caller would read 0, NVML_SUCCESS.
+            try:
+                return self._dispatch(name, export, args)
+            except Exception:
+                log.exception("fake NVML: %s failed", name)
+                return _UNKNOWN
+
+        return entry
+
+    def _dispatch(self, name: str, export: _Export, args: tuple[Any, ...]) -> int:
+        if name not in ("nvmlInitWithFlags", "nvmlErrorString") and not self._initialized:
+            return _UNINITIALIZED
+        if not export.device:
+            return export.answer(*args)
+        gpu = self._index(args[0])
+        if gpu is None:
+            return _INVALID_ARGUMENT
+        if self._model.state(gpu).lost:
+            return _GPU_IS_LOST
+        error = self._configured_error(name, gpu)
+        if error is not None:
+            return error
+        return export.answer(gpu, *args[1:])
+
+    def _configured_error(self, name: str, gpu: int) -> int | None:
+        for key in ((name, gpu), (name, None), (None, gpu), (None, None)):
+            if key in self._errors:
+                return self._errors[key]
+        return None
+
+    def _index(self, handle: int | None) -> int | None:
+        index = (handle or 0) - _HANDLE_BASE
+        return index if 0 <= index < len(self._model.gpus) else None
+
+    def _gpu(self, gpu: int) -> SimulatedGpu:
+        return self._model.gpus[gpu]
+
+    def _state(self, gpu: int) -> GpuState:
+        return self._model.state(gpu)
+
+    def _exports_table(self) -> dict[str, _Export]:
+        return {
+            "nvmlInitWithFlags": _Export((_U,), self._init),
+            "nvmlShutdown": _Export((), self._shutdown),
+            "nvmlErrorString": _Export((_I,), self._error_string, restype=_P),
+            "nvmlSystemGetDriverVersion": _Export((_P, _U), self._driver_version),
+            "nvmlDeviceGetCount_v2": _Export((_P,), self._count),
+            "nvmlDeviceGetHandleByIndex_v2": _Export((_U, _P), self._handle),
+            "nvmlEventSetCreate": _Export((_P,), self._event_set_create),
+            "nvmlEventSetWait_v2": _Export((_P, _P, _U), self._event_set_wait),
+            "nvmlEventSetFree": _Export((_P,), self._event_set_free),
+            **{
+                name: _Export((_P, *argtypes), answer, device=True)
+                for name, argtypes, answer in (
+                    ("nvmlDeviceGetName", (_P, _U), self._name),
+                    ("nvmlDeviceGetUUID", (_P, _U), self._uuid),
+                    ("nvmlDeviceGetPciInfo_v3", (_P,), self._pci_info),
+                    ("nvmlDeviceGetTemperatureV", (_P,), self._temperature_v),
+                    ("nvmlDeviceGetTemperature", (_U, _P), self._temperature),
+                    ("nvmlDeviceGetTemperatureThreshold", (_U, _P), self._threshold),
+                    ("nvmlDeviceGetFieldValues", (_I, _P), self._field_values),
+                    ("nvmlDeviceGetClockInfo", (_U, _P), self._clock_info),
+                    ("nvmlDeviceGetMaxClockInfo", (_U, _P), self._max_clock_info),
+                    ("nvmlDeviceGetClock", (_U, _U, _P), self._clock),
+                    ("nvmlDeviceGetCurrentClocksEventReasons", (_P,), self._event_reasons),
+                    ("nvmlDeviceGetViolationStatus", (_U, _P), self._violation_status),
+                    ("nvmlDeviceGetPowerUsage", (_P,), self._power_usage),
+                    ("nvmlDeviceGetEnforcedPowerLimit", (_P,), self._power_limit),
+                    ("nvmlDeviceGetUtilizationRates", (_P,), self._utilization),
+                    ("nvmlDeviceGetTotalEccErrors", (_U, _U, _P), self._ecc_errors),
+                    ("nvmlDeviceGetRemappedRows", (_P, _P, _P, _P), self._remapped_rows),
+                    ("nvmlDeviceGetRetiredPages", (_U, _P, _P), self._retired_pages),
+                    ("nvmlDeviceGetRetiredPagesPendingStatus", (_P,), self._retired_pending),
+                    ("nvmlDeviceGetNvLinkState", (_U, _P), self._nvlink_state),
+                    ("nvmlDeviceGetNvLinkErrorCounter", (_U, _U, _P), self._nvlink_counter),
+                    ("nvmlDeviceGetSupportedEventTypes", (_P,), self._supported_events),
+                    ("nvmlDeviceRegisterEvents", (_ULL, _P), self._register_events),
+                )
+            },
+        }
+
+    # -- system ---------------------------------------------------------------
+
+    def _init(self, flags: int) -> int:
+        self._initialized += 1
+        return _SUCCESS
+
+    def _shutdown(self) -> int:
+        self._initialized -= 1
+        return _SUCCESS
+
+    def _error_string(self, code: int) -> int:
+        text = _ERROR_NAMES.get(code, f"Unknown NVML error {code}")
+        buffer = self._error_strings.setdefault(code, ctypes.create_string_buffer(text.encode()))
+        return ctypes.addressof(buffer)
+
+    def _driver_version(self, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self.driver_version)
+
+    def _count(self, count: int | None) -> int:
+        return _put(ctypes.c_uint, count, len(self._model.gpus))
+
+    def _handle(self, index: int, handle: int | None) -> int:
+        if index >= len(self._model.gpus):
+            return _INVALID_ARGUMENT
+        if self._state(index).lost:
+            return _GPU_IS_LOST
+        return _put(ctypes.c_void_p, handle, _HANDLE_BASE + index)
+
+    # -- identity -------------------------------------------------------------
+
+    def _name(self, gpu: int, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self._gpu(gpu).spec.name)
+
+    def _uuid(self, gpu: int, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self._gpu(gpu).uuid)
+
+    def _pci_info(self, gpu: int, info: int) -> int:
+        simulated = self._gpu(gpu)
+        struct = pynvml.nvmlPciInfo_t.from_address(info)
+        domain, bus, device = simulated.pci_bus_id.replace(".", ":").split(":")[:3]
+        struct.busId = simulated.pci_bus_id.encode()
+        struct.busIdLegacy = simulated.pci_bus_id[4:].encode()
+        struct.domain, struct.bus, struct.device = int(domain, 16), int(bus, 16), int(device, 16)
+        struct.pciDeviceId = simulated.spec.pci_device_id
+        return _SUCCESS
+
+    # -- temperatures, clocks, power, utilisation ------------------------------
+
+    def _temperature_v(self, gpu: int, address: int) -> int:
+        struct = pynvml.c_nvmlTemperature_v1_t.from_address(address)
+        if struct.version != pynvml.nvmlTemperature_v1:
+            return _ARGUMENT_VERSION_MISMATCH
+        if struct.sensorType != pynvml.NVML_TEMPERATURE_GPU:
+            return _INVALID_ARGUMENT
+        struct.temperature = self._state(gpu).temperature_celsius
+        return _SUCCESS
+
+    def _temperature(self, gpu: int, sensor: int, value: int | None) -> int:
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            return _INVALID_ARGUMENT
+        return _put(ctypes.c_uint, value, self._state(gpu).temperature_celsius)
+
+    def _threshold(self, gpu: int, kind: int, value: int | None) -> int:
+        spec = self._gpu(gpu).spec
+        thresholds = {
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: spec.shutdown_celsius,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: spec.slowdown_celsius,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: spec.memory_max_operating_celsius,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: spec.gpu_max_operating_celsius,
+        }
+        if kind not in thresholds:
+            return _NOT_SUPPORTED
+        return _put(ctypes.c_uint, value, thresholds[kind])
+
+    def _clocks(self, gpu: int, clock_id: int) -> dict[int, int]:
+        """MHz by clock type, for one NVML_CLOCK_ID_*."""
+        spec, state = self._gpu(gpu).spec, self._state(gpu)
+        sm = {
+            pynvml.NVML_CLOCK_ID_CURRENT: state.sm_clock_mhz,
+            pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET: spec.sm_default_application_mhz,
+            pynvml.NVML_CLOCK_ID_APP_CLOCK_DEFAULT: spec.sm_default_application_mhz,
+            pynvml.NVML_CLOCK_ID_CUSTOMER_BOOST_MAX: spec.sm_max_mhz,
+        }
+        if clock_id not in sm:
+            return {}
+        current = clock_id == pynvml.NVML_CLOCK_ID_CURRENT
+        return {
+            pynvml.NVML_CLOCK_GRAPHICS: sm[clock_id],
+            pynvml.NVML_CLOCK_SM: sm[clock_id],
+            pynvml.NVML_CLOCK_MEM: state.memory_clock_mhz if current else spec.memory_mhz,
+        }
+
+    def _clock(self, gpu: int, kind: int, clock_id: int, value: int | None) -> int:
+        clocks = self._clocks(gpu, clock_id)
+        if kind not in clocks:
+            return _NOT_SUPPORTED
+        return _put(ctypes.c_uint, value, clocks[kind])
+
+    def _clock_info(self, gpu: int, kind: int, value: int | None) -> int:
+        return self._clock(gpu, kind, pynvml.NVML_CLOCK_ID_CURRENT, value)
+
+    def _max_clock_info(self, gpu: int, kind: int, value: int | None) -> int:
+        return self._clock(gpu, kind, pynvml.NVML_CLOCK_ID_CUSTOMER_BOOST_MAX, value)
+
+    def _event_reasons(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_ulonglong, value, self._state(gpu).clocks_event_reasons)
+
+    def _violation_status(self, gpu: int, policy: int, address: int) -> int:
+        if self.r580:
+            return _DEPRECATED
+        if policy not in _PERF_POLICIES:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlViolationTime_t.from_address(address)
+        struct.referenceTime = int(self._model.now * 1e6)
+        struct.violationTime = self._state(gpu).violation_ns[_PERF_POLICIES[policy]]
+        return _SUCCESS
+
+    def _power_usage(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._state(gpu).power_milliwatts)
+
+    def _power_limit(self, gpu: int, value: int | None) -> int:
+        limit = round(self._gpu(gpu).spec.power_limit_watts * 1000)
+        return _put(ctypes.c_uint, value, limit)
+
+    def _utilization(self, gpu: int, address: int) -> int:
+        state = self._state(gpu)
+        struct = pynvml.c_nvmlUtilization_t.from_address(address)
+        struct.gpu = state.utilization_gpu_percent
+        struct.memory = state.utilization_memory_percent
+        return _SUCCESS
+
+    # -- memory errors ---------------------------------------------------------
+
+    def _ecc_errors(self, gpu: int, kind: int, scope: int, value: int | None) -> int:
+        if kind not in _ECC_TYPES or scope not in _ECC_SCOPES:
+            return _INVALID_ARGUMENT
+        count = self._state(gpu).ecc_errors[_ECC_TYPES[kind], _ECC_SCOPES[scope]]
+        return _put(ctypes.c_ulonglong, value, count)
+
+    def _remapped_rows(
+        self, gpu: int, correctable: int, uncorrectable: int, pending: int, failure: int
+    ) -> int:
+        if not self._gpu(gpu).spec.remaps_rows:
+            return _NOT_SUPPORTED
+        repairs = self._state(gpu).repairs
+        ctypes.c_uint.from_address(correctable).value = repairs.remapped_rows_correctable
+        ctypes.c_uint.from_address(uncorrectable).value = repairs.remapped_rows_uncorrectable
+        ctypes.c_uint.from_address(pending).value = int(repairs.row_remap_pending)
+        ctypes.c_uint.from_address(failure).value = int(repairs.row_remap_failed)
+        return _SUCCESS
+
+    def _retired_pages(self, gpu: int, cause: int, count: int, addresses: int | None) -> int:
+        if self._gpu(gpu).spec.remaps_rows:
+            return _NOT_SUPPORTED
+        if cause not in _RETIREMENT_CAUSES:
+            return _INVALID_ARGUMENT
+        pages = self._state(gpu).repairs.retired_pages[_RETIREMENT_CAUSES[cause]]
+        room = ctypes.c_uint.from_address(count)
+        if addresses is None or room.value < pages:
+            room.value = pages
+            return _SUCCESS if pages == 0 else _INSUFFICIENT_SIZE
+        page_array = (ctypes.c_ulonglong * pages).from_address(addresses)
+        for page in range(pages):
+            page_array[page] = 0x1000 * (cause * 1024 + page + 1)
+        room.value = pages
+        return _SUCCESS
+
+    def _retired_pending(self, gpu: int, value: int | None) -> int:
+        if self._gpu(gpu).spec.remaps_rows:
+            return _NOT_SUPPORTED
+        return _put(ctypes.c_uint, value, int(self._state(gpu).repairs.retired_pages_pending))
+
+    # -- NVLink ----------------------------------------------------------------
+
+    def _nvlink_state(self, gpu: int, link: int, value: int | None) -> int:
+        if link >= pynvml.NVML_NVLINK_MAX_LINKS:
+            return _INVALID_ARGUMENT
+        links = self._state(gpu).links
+        if link >= len(links):
+            return _NOT_SUPPORTED
+        return _put(ctypes.c_uint, value, int(links[link].active))
+
+    def _nvlink_counter(self, gpu: int, link: int, counter: int, value: int | None) -> int:
+        spec, links = self._gpu(gpu).spec, self._state(gpu).links
+        if spec.at_least("hopper") or link >= len(links):
+            return _NOT_SUPPORTED
+        kind = _ERROR_COUNTERS.get(counter)
+        # NVLink 2 (Volta) has no data ECC; NVLink 3 (Ampere) added it.
+        if kind is None or (kind == "ecc_data" and not spec.at_least("ampere")):
+            return _NOT_SUPPORTED
+        return _put(ctypes.c_ulonglong, value, links[link].counters[kind])
+
+    # -- field values ------------------------------------------------------------
+
+    def _field_values(self, gpu: int, count: int, address: int) -> int:
+        for value in (pynvml.c_nvmlFieldValue_t * count).from_address(address):
+            value.timestamp = int(self._model.now * 1e6)
+            value.latencyUsec = 0
+            error = self._field_error(gpu, value.fieldId)
+            answer = self._field(gpu, value.fieldId, value.scopeId) if error is None else error
+            if isinstance(answer, int):
+                value.nvmlReturn = answer
+                continue
+            value.nvmlReturn = _SUCCESS
+            value.valueType, number = answer
+            if value.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                value.value.uiVal = number
+            else:
+                value.value.ullVal = number
+        return _SUCCESS
+
+    def _field_error(self, gpu: int, field_id: int) -> int | None:
+        configured = self._field_errors.get((field_id, gpu))
+        return self._field_errors.get((field_id, None)) if configured is None else configured
+
+    def _field(self, gpu: int, field_id: int, scope: int) -> tuple[int, int] | int:
+        """(value type, value) of one field, or the NVML error it answers."""
+        state, spec = self._state(gpu), self._gpu(gpu).spec
+        if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, state.memory_temperature_celsius
+        if field_id in _PERF_POLICY_FIELDS:
+            return _ULL_TYPE, state.violation_ns[_PERF_POLICY_FIELDS[field_id]]
+        link_fields = {"hopper": _HOPPER_LINK_FIELDS, "blackwell": _BLACKWELL_LINK_FIELDS}
+        scoped = link_fields.get(spec.architecture, {})
+        if field_id in scoped:
+            if scope >= len(state.links):
+                return _INVALID_ARGUMENT
+            return _ULL_TYPE, state.links[scope].counters[scoped[field_id]]
+        if field_id in _LANE_FIELDS and not spec.at_least("hopper"):
+            kind, link = _LANE_FIELDS[field_id]
+            if link < len(state.links):
+                return _ULL_TYPE, state.links[link].counters[kind]
+        return _NOT_SUPPORTED
+
+    # -- events ----------------------------------------------------------------
+
+    def _supported_events(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_ulonglong, value, _SUPPORTED_EVENTS)
+
+    def _event_set_create(self, handle: int | None) -> int:
+        self._next_event_set += 1
+        self._event_sets[self._next_event_set] = _EventSet(cursor=self._model.xid_count)
+        return _put(ctypes.c_void_p, handle, self._next_event_set)
+
+    def _register_events(self, gpu: int, types: int, handle: int | None) -> int:
+        event_set = self._event_sets.get(handle or 0)
+        if event_set is None:
+            return _INVALID_ARGUMENT
+        if types & ~_SUPPORTED_EVENTS:
+            return _NOT_SUPPORTED
+        if types & pynvml.nvmlEventTypeXidCriticalError:
+            event_set.gpus.add(gpu)
+        return _SUCCESS
+
+    def _event_set_free(self, handle: int | None) -> int:
+        if self._event_sets.pop(handle or 0, None) is None:
+            return _INVALID_ARGUMENT
+        return _SUCCESS
+
+    def _event_set_wait(self, handle: int | None, data: int, timeout_ms: int) -> int:
+        event_set = self._event_sets.get(handle or 0)
+        if event_set is None:
+            return _INVALID_ARGUMENT
+        record = self._next_xid(event_set)
+        if record is None and timeout_ms > 0:
+            wait_s = timeout_ms / 1000
+            if self.max_wait_s is not None:
+                wait_s = min(wait_s, self.max_wait_s)
+            self._model.wait_for_xid(event_set.cursor, wait_s)
+            record = self._next_xid(event_set)
+        if record is None:
+            return _TIMEOUT
+        struct = pynvml.c_nvmlEventData_t.from_address(data)
+        struct.device = ctypes.cast(
+            ctypes.c_void_p(_HANDLE_BASE + record.gpu), pynvml.c_nvmlDevice_t
+        )
+        struct.eventType = pynvml.nvmlEventTypeXidCriticalError
+        struct.eventData = record.code
+        struct.gpuInstanceId = struct.computeInstanceId = 0xFFFFFFFF
+        return _SUCCESS
+
+    def _next_xid(self, event_set: _EventSet) -> XidRecord | None:
+        for record in self._model.xids_from(event_set.cursor):
+            event_set.cursor += 1
+            if record.gpu in event_set.gpus:
+                return record
+        return None
