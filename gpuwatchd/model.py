@@ -228,7 +228,8 @@ class Measurement:
 @dataclass(frozen=True)
 class Quarantine:
     """A subject taken out of service. `hardware` ones are never auto-released;
-    `source` is `auto` or `manual` (manual ones are released only manually)."""
+    `source` is `auto` or `manual` (manual ones are released only manually).
+    A `dry_run` one records what policy would have done: nothing acts on it."""
 
     subject: str
     reason: str
@@ -237,6 +238,7 @@ class Quarantine:
     hardware: bool = False
     operator: str | None = None
     code: str | None = None
+    dry_run: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,64 @@
+"""What the GPU checks share: subject names, labels, windows over History.
+
+Reads History and the counter maths; owns no threshold. A window here is the
+half-open interval (start, end]: a sample belongs to the window its time ends
+in, so consecutive windows never count the same interval twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from gpuwatchd.counters import Increase, increase
+from gpuwatchd.model import GpuSample
+
+T = TypeVar("T")
+Point = tuple[float, int | float | None]
+
+NODE = "node"
+
+
+def gpu_subject(index: int) -> str:
+    return f"gpu:{index}"
+
+
+def link_subject(gpu: int, link: int) -> str:
+    return f"nvlink:{gpu}/{link}"
+
+
+def gpu_labels(sample: GpuSample) -> dict[str, str]:
+    """`gpu`, and `uuid` where NVML gave it (absent is not an empty UUID)."""
+    labels = {"gpu": str(sample.index)}
+    if sample.uuid:
+        labels["uuid"] = sample.uuid
+    return labels
+
+
+def windows(now: float, seconds: float, count: int) -> list[tuple[float, float]]:
+    """The last `count` windows of `seconds` before `now`, newest first."""
+    return [(now - (k + 1) * seconds, now - k * seconds) for k in range(count)]
+
+
+def samples_between(
+    samples: Sequence[tuple[float, T]], start: float, end: float
+) -> list[tuple[float, T]]:
+    """The samples taken in (start, end]."""
+    return [(time, sample) for time, sample in samples if start < time <= end]
+
+
+def points_between(points: Sequence[Point], start: float, end: float) -> list[Point]:
+    """The counter points that bound the intervals ending in (start, end]: the
+    last point at or before `start`, then every point up to `end`.
+
+    Unlike `counters.window`, a point exactly at `start` opens the window by
+    itself, so the interval before it is not counted in this window as well.
+    """
+    inside = [(time, value) for time, value in points if start < time <= end]
+    before = [(time, value) for time, value in points if time <= start]
+    return before[-1:] + inside
+
+
+def increase_between(points: Sequence[Point], start: float, end: float) -> Increase:
+    """How much a counter grew over the intervals ending in (start, end]."""
+    return increase(points_between(points, start, end))

@@ -1,0 +1,181 @@
+"""Memory check: ECC errors, row remapping and page retirement of every GPU.
+
+Reads the ECC counters (volatile and aggregate), the row-remapper state
+(Ampere and newer) and retired pages (the pre-Ampere mechanism). An
+uncorrectable error or a failed remap is a hardware fault that quarantines
+at once; pending remaps and retirements wait for a GPU reset and warn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks.common import gpu_subject, increase_between
+from gpuwatchd.counters import Increase
+from gpuwatchd.history import History, series
+from gpuwatchd.model import Action, Finding, GpuSample, Severity
+from gpuwatchd.settings import PerSecond, Seconds
+
+NAME = "memory"
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    # Window for ECC increases and the corrected-error rate. An uncorrectable
+    # error keeps its finding this long; its quarantine outlives it.
+    window: Seconds = 600.0
+    # Corrected (single-bit) errors per second that make an SBE storm. DCGM's
+    # DCGM_LIMIT_MAX_SBE_RATE is 10 (marked a placeholder there); 10/min over
+    # 10 minutes is a hundred corrections, far above a healthy HBM's near zero.
+    sbe_storm_rate: PerSecond = 10 / 60
+    # Uncorrectable remapped rows at which to warn. NVIDIA's memory error
+    # management guide gives A100/H100 up to 512 row remaps per GPU, and DCGM
+    # warns when the uncorrectable remaps reach its limit: the spare rows are
+    # used up, the next uncorrectable error cannot be remapped.
+    remapped_rows_uncorrectable_warn: int = 512
+    # Retired pages (single- plus double-bit) at which the GPU has failed:
+    # DCGM_LIMIT_MAX_RETIRED_PAGES, 63 since DCGM matched the field diag.
+    retired_pages_limit: int = 63
+
+    def __post_init__(self) -> None:
+        if self.window <= 0 or self.sbe_storm_rate <= 0:
+            raise ValueError("window must be more than 0s and sbe_storm_rate more than 0/s")
+        if self.remapped_rows_uncorrectable_warn < 1 or self.retired_pages_limit < 1:
+            raise ValueError(
+                "remapped_rows_uncorrectable_warn and retired_pages_limit must be 1 or more"
+            )
+
+
+def run(history: History, now: float, config: MemoryConfig) -> CheckOutput:
+    findings: list[Finding] = []
+    for index in history.gpu_indices():
+        latest = history.latest_gpu(index)
+        if latest is None or not latest.up:
+            continue
+        samples = history.gpu(index)
+        findings.extend(_ecc(latest, samples, now, config))
+        findings.extend(_remapping(latest, config))
+        findings.extend(_retirement(latest, config))
+    return CheckOutput(findings=tuple(findings))
+
+
+def _ecc_increase(
+    samples: Sequence[tuple[float, GpuSample]],
+    error_type: str,
+    scope: str,
+    now: float,
+    window: float,
+) -> Increase:
+    points = series(samples, partial(_ecc_count, (error_type, scope)))
+    return increase_between(points, now - window, now)
+
+
+def _ecc_count(key: tuple[str, str], sample: GpuSample) -> int | None:
+    return sample.ecc_errors.get(key)
+
+
+def _ecc(
+    latest: GpuSample, samples: Sequence[tuple[float, GpuSample]], now: float, config: MemoryConfig
+) -> Iterator[Finding]:
+    subject = gpu_subject(latest.index)
+    # Volatile counters restart at a driver reload (a reset, not errors); the
+    # aggregate ones survive it but are written to the InfoROM later. Either
+    # growing is a new error.
+    uncorrected = max(
+        _ecc_increase(samples, "uncorrected", scope, now, config.window).increase
+        for scope in ("volatile", "aggregate")
+    )
+    if uncorrected > 0:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="ecc_uncorrectable",
+            severity=Severity.CRITICAL,
+            message=f"{uncorrected:g} uncorrectable ECC error(s) in the last {config.window:g}s",
+            # The faulty row is remapped (or the page retired) at the next GPU reset.
+            action=Action.RESET_GPU,
+            evidence={"errors": uncorrected, "window_seconds": config.window},
+            definitive=True,
+        )
+    corrected = _ecc_increase(samples, "corrected", "volatile", now, config.window)
+    if corrected.seconds <= 0:
+        corrected = _ecc_increase(samples, "corrected", "aggregate", now, config.window)
+    if corrected.seconds > 0 and corrected.rate >= config.sbe_storm_rate:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="ecc_sbe_storm",
+            severity=Severity.WARN,
+            message=f"corrected ECC errors at {corrected.rate * 60:.3g}/min",
+            evidence={
+                "rate_per_second": round(corrected.rate, 6),
+                "errors": corrected.increase,
+                "window_seconds": config.window,
+            },
+        )
+
+
+def _remapping(latest: GpuSample, config: MemoryConfig) -> Iterator[Finding]:
+    subject = gpu_subject(latest.index)
+    if latest.row_remap_failed:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="row_remap_failure",
+            severity=Severity.CRITICAL,
+            message="row remapping failed: a faulty row could not be replaced",
+            # DCGM fails the GPU; NVIDIA's guidance is to take it out of service.
+            action=Action.INSPECT_HARDWARE,
+            definitive=True,
+        )
+    if latest.row_remap_pending:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="row_remap_pending",
+            severity=Severity.WARN,
+            message="row remapping pending: it takes effect at the next GPU reset",
+            action=Action.RESET_GPU,
+        )
+    rows = latest.remapped_rows_uncorrectable
+    if rows is not None and rows >= config.remapped_rows_uncorrectable_warn:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="row_remap_exhausted",
+            severity=Severity.WARN,
+            message=f"{rows} rows remapped for uncorrectable errors, the spare rows are used up",
+            action=Action.INSPECT_HARDWARE,
+            evidence={"remapped_rows_uncorrectable": rows},
+        )
+
+
+def _retirement(latest: GpuSample, config: MemoryConfig) -> Iterator[Finding]:
+    subject = gpu_subject(latest.index)
+    if latest.retired_pages_pending:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="retired_pages_pending",
+            severity=Severity.WARN,
+            message="page retirement pending: it takes effect at the next GPU reset",
+            action=Action.RESET_GPU,
+        )
+    if not latest.retired_pages:
+        return
+    retired = sum(latest.retired_pages.values())
+    if retired >= config.retired_pages_limit:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="retired_pages_limit",
+            severity=Severity.CRITICAL,
+            message=f"{retired} pages retired, the limit is {config.retired_pages_limit}",
+            action=Action.INSPECT_HARDWARE,
+            evidence={"retired_pages": retired, **latest.retired_pages},
+            # Retired pages never come back: confirming over time adds nothing.
+            definitive=True,
+        )

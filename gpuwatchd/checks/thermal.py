@@ -1,0 +1,212 @@
+"""Thermal check: throttling and temperature headroom of every GPU.
+
+Reads each GPU's cumulative violation (throttle) time, which integrates every
+short slowdown between polls, its clocks-event reason bits (the only signal of
+HW slowdown and the external power brake) and its GPU and HBM temperatures.
+Sustained thermal throttling and thin headroom are warnings; HW slowdown or
+power brake on a cool GPU means a board, power or sensor fault and is critical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks.common import gpu_labels, gpu_subject, increase_between, samples_between
+from gpuwatchd.history import History, series
+from gpuwatchd.model import (
+    THROTTLE_REASONS,
+    Action,
+    Finding,
+    GpuSample,
+    Measurement,
+    Severity,
+)
+from gpuwatchd.settings import Seconds
+
+NAME = "thermal"
+
+# Reason bits that slow the GPU from outside the driver's own control loop.
+HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class ThermalConfig:
+    # Window over which throttle shares are taken. DCGM's thermal and power
+    # health watches look at the last minute; five minutes separates a
+    # sustained problem from the short excursions of a load step.
+    window: Seconds = 300.0
+    # Share of the window in thermal violation that is "sustained throttling".
+    # DCGM warns on any increase of the thermal violation counter; a tenth of
+    # the window (30 s of 5 min) is past what a healthy, well-cooled HGX board
+    # shows at a load step, so the warning is worth acting on.
+    thermal_warn_ratio: float = 0.1
+    # Share of the window's samples with HW slowdown or HW power brake active
+    # that counts as "in HW slowdown". NVML documents HW slowdown as cutting
+    # clocks by half or more, so a quarter of the samples is already costly.
+    hw_slowdown_ratio: float = 0.25
+    # A GPU this far below its slowdown threshold (and its HBM this far below
+    # hbm_max_celsius) throughout the window is cool: HW slowdown there has no
+    # thermal cause, which points at the board, its power or a sensor.
+    cool_margin_celsius: float = 15.0
+    # Warn when the GPU is this close to its slowdown threshold
+    # (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, `GPU Slowdown Temp` in nvidia-smi).
+    gpu_margin_warn_celsius: float = 5.0
+    # HBM's maximum operating temperature: 95 C on H100 and H200
+    # (`Memory Max Operating Temp` in nvidia-smi -q). GpuSample carries no HBM
+    # threshold, so it is set here; raise or lower it per GPU model.
+    hbm_max_celsius: float = 95.0
+    # Warn when HBM is this close to hbm_max_celsius.
+    hbm_margin_warn_celsius: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.window <= 0:
+            raise ValueError("window must be more than 0s")
+        for name in ("thermal_warn_ratio", "hw_slowdown_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be more than 0 and at most 1")
+
+
+def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
+    findings: list[Finding] = []
+    measurements: list[Measurement] = []
+    for index in history.gpu_indices():
+        latest = history.latest_gpu(index)
+        if latest is None or not latest.up:
+            continue
+        samples = history.gpu(index)
+        ratios = _throttle_ratios(samples, now, config.window)
+        measurements.extend(
+            Measurement("gpu_throttle_ratio", {**gpu_labels(latest), "reason": reason}, ratio)
+            for reason, ratio in ratios.items()
+        )
+        recent = [sample for _, sample in samples_between(samples, now - config.window, now)]
+        findings.extend(_throttling(latest, ratios, config))
+        findings.extend(_hw_slowdown(latest, recent, config))
+        findings.extend(_headroom(latest, config))
+    return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
+
+
+def _throttle_ratios(
+    samples: Sequence[tuple[float, GpuSample]], now: float, window: float
+) -> dict[str, float]:
+    """Share of the window spent in each violation, for the reasons NVML counts."""
+    ratios: dict[str, float] = {}
+    for reason in THROTTLE_REASONS:
+        points = series(samples, partial(_violation_seconds, reason))
+        grown = increase_between(points, now - window, now)
+        if grown.seconds > 0:
+            ratios[reason] = min(1.0, grown.rate)
+    return ratios
+
+
+def _violation_seconds(reason: str, sample: GpuSample) -> float | None:
+    return sample.throttle_seconds.get(reason)
+
+
+def _throttling(
+    latest: GpuSample, ratios: dict[str, float], config: ThermalConfig
+) -> Iterator[Finding]:
+    ratio = ratios.get("thermal")
+    if ratio is not None and ratio >= config.thermal_warn_ratio:
+        yield Finding(
+            subject=gpu_subject(latest.index),
+            check=NAME,
+            code="thermal_throttling",
+            severity=Severity.WARN,
+            message=f"thermally throttled {ratio:.0%} of the last {config.window:g}s",
+            action=Action.INSPECT_HARDWARE,
+            evidence={"throttle_ratio": round(ratio, 4), "window_seconds": config.window},
+        )
+
+
+def _hw_slowdown(
+    latest: GpuSample, recent: Sequence[GpuSample], config: ThermalConfig
+) -> Iterator[Finding]:
+    known = [sample for sample in recent if sample.clocks_event_reasons is not None]
+    if not known:
+        return
+    slowed = [
+        sample for sample in known if any(sample.reason_active(r) for r in HW_SLOWDOWN_REASONS)
+    ]
+    share = len(slowed) / len(known)
+    if share < config.hw_slowdown_ratio:
+        return
+    active = [r for r in HW_SLOWDOWN_REASONS if any(s.reason_active(r) for s in slowed)]
+    cool = _cool(latest, recent, config)
+    evidence: dict[str, float | int | str] = {
+        "sample_ratio": round(share, 4),
+        "reasons": ",".join(active),
+    }
+    if cool:
+        yield Finding(
+            subject=gpu_subject(latest.index),
+            check=NAME,
+            code="hw_slowdown_while_cool",
+            severity=Severity.CRITICAL,
+            message=(
+                f"{' and '.join(active)} in {share:.0%} of samples while the GPU is cool: "
+                "a board, power or sensor fault"
+            ),
+            action=Action.INSPECT_HARDWARE,
+            evidence=evidence,
+        )
+    else:
+        yield Finding(
+            subject=gpu_subject(latest.index),
+            check=NAME,
+            code="hw_slowdown",
+            severity=Severity.WARN,
+            message=f"{' and '.join(active)} in {share:.0%} of samples",
+            action=Action.INSPECT_HARDWARE,
+            evidence=evidence,
+        )
+
+
+def _cool(latest: GpuSample, recent: Sequence[GpuSample], config: ThermalConfig) -> bool:
+    """True only when the readings show headroom; an unknown threshold or
+    temperature is not evidence of a cool GPU."""
+    slowdown = latest.temperature_slowdown_celsius
+    gpu_temps = [s.temperature_gpu_celsius for s in recent if s.temperature_gpu_celsius is not None]
+    if slowdown is None or not gpu_temps:
+        return False
+    if max(gpu_temps) > slowdown - config.cool_margin_celsius:
+        return False
+    hbm_temps = [
+        s.temperature_memory_celsius for s in recent if s.temperature_memory_celsius is not None
+    ]
+    return not hbm_temps or max(hbm_temps) <= config.hbm_max_celsius - config.cool_margin_celsius
+
+
+def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
+    checks = (
+        (
+            "gpu_temperature_high",
+            "GPU",
+            latest.temperature_gpu_celsius,
+            latest.temperature_slowdown_celsius,
+            config.gpu_margin_warn_celsius,
+        ),
+        (
+            "hbm_temperature_high",
+            "HBM",
+            latest.temperature_memory_celsius,
+            config.hbm_max_celsius,
+            config.hbm_margin_warn_celsius,
+        ),
+    )
+    for code, what, temperature, limit, warn_margin in checks:
+        if temperature is None or limit is None:
+            continue
+        margin = limit - temperature
+        if margin <= warn_margin:
+            yield Finding(
+                subject=gpu_subject(latest.index),
+                check=NAME,
+                code=code,
+                severity=Severity.WARN,
+                message=f"{what} at {temperature:g} C, {margin:g} C below its {limit:g} C limit",
+                evidence={"temperature_celsius": temperature, "margin_celsius": margin},
+            )

@@ -1,0 +1,190 @@
+"""XID check: every XID of the window, judged by the catalog, escalated across reboots.
+
+Reads the XID events in History (every occurrence counts, not only the last
+one) and a `BootRecord`: the boots the store has seen and which XIDs each saw.
+For each GPU it gives one finding for the XIDs that condemn the GPU
+(`xid_hardware`), one for those that do not (`xid_application`) and one for
+XIDs the catalog does not know (`xid_unknown`).
+
+Escalation follows gpud: a hardware XID whose remedy is a reset or a reboot
+and that comes back after `reboots_before_inspection` reboots has shown that
+rebooting does not fix it, so its action becomes `inspect_hardware` and it
+quarantines at once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks.common import gpu_subject
+from gpuwatchd.checks.xid_catalog import CATALOG, XidInfo, lookup
+from gpuwatchd.history import History
+from gpuwatchd.model import Action, Finding, Severity, XidEvent
+from gpuwatchd.settings import Seconds
+
+NAME = "xid"
+
+# From least to most drastic, to pick the one action of several XIDs.
+ACTION_ORDER = (
+    Action.NONE,
+    Action.RESTART_APP,
+    Action.RESET_GPU,
+    Action.REBOOT,
+    Action.INSPECT_HARDWARE,
+)
+# Remedies that a reboot performs too (a reboot resets every GPU).
+REBOOT_REMEDIES = (Action.RESET_GPU, Action.REBOOT)
+
+
+@dataclass(frozen=True)
+class XidConfig:
+    # How long an XID keeps its finding. Ten minutes lets a burst of related
+    # XIDs (a 48 with its 45s and 63) read as one event; definitive ones
+    # quarantine at once, and the quarantine outlives the finding.
+    window: Seconds = 600.0
+    # gpud's DefaultRebootThreshold: a reboot-remedied XID that returns after
+    # this many reboots asks for hardware inspection.
+    reboots_before_inspection: int = 2
+    # XIDs never to report (one a platform raises as noise, say).
+    ignore: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.window <= 0 or self.reboots_before_inspection < 1:
+            raise ValueError("window must be more than 0s, reboots_before_inspection 1 or more")
+
+
+@dataclass(frozen=True)
+class BootXid:
+    """An XID seen on a GPU during one boot."""
+
+    boot_id: str
+    gpu: int
+    uuid: str | None
+    code: int
+
+
+@dataclass(frozen=True)
+class BootRecord:
+    """The boots seen, oldest first (the last is the current one), and the XIDs of each."""
+
+    boot_ids: tuple[str, ...] = ()
+    xids: tuple[BootXid, ...] = ()
+
+    def reboots_since_first(self, gpu: int, uuid: str | None, code: int) -> int:
+        """Reboots since the first boot in which this GPU raised this XID."""
+        position = {boot: number for number, boot in enumerate(self.boot_ids)}
+        firsts = [
+            position[seen.boot_id]
+            for seen in self.xids
+            if seen.code == code and seen.boot_id in position and _same_gpu(seen, gpu, uuid)
+        ]
+        return len(self.boot_ids) - 1 - min(firsts) if firsts else 0
+
+
+def _same_gpu(seen: BootXid, gpu: int, uuid: str | None) -> bool:
+    # The UUID follows the board when indices shift (a GPU missing after a
+    # reboot renumbers the ones after it); the index is the fallback.
+    if seen.uuid and uuid:
+        return seen.uuid == uuid
+    return seen.gpu == gpu
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One XID code on one GPU, as the catalog and the boot record judge it."""
+
+    info: XidInfo
+    count: int
+    severity: Severity
+    action: Action
+    definitive: bool
+    reboots: int
+
+
+def run(
+    history: History, now: float, config: XidConfig, boots: BootRecord | None = None
+) -> CheckOutput:
+    record = boots or BootRecord()
+    by_gpu: dict[int, list[XidEvent]] = defaultdict(list)
+    for event in history.xid_events(since=now - config.window):
+        if event.code not in config.ignore:
+            by_gpu[event.gpu].append(event)
+    findings: list[Finding] = []
+    for gpu, events in sorted(by_gpu.items()):
+        uuid = _uuid(history, events)
+        judged = [
+            _judge(code, count, gpu, uuid, record, config)
+            for code, count in sorted(_counts(events).items())
+        ]
+        for code, members in _categorise(judged).items():
+            findings.append(_finding(gpu, code, members, config))
+    return CheckOutput(findings=tuple(findings))
+
+
+def _uuid(history: History, events: Sequence[XidEvent]) -> str | None:
+    known = next((event.uuid for event in events if event.uuid), None)
+    if known:
+        return known
+    latest = history.latest_gpu(events[0].gpu)
+    return latest.uuid if latest is not None else None
+
+
+def _counts(events: Sequence[XidEvent]) -> dict[int, int]:
+    counts: dict[int, int] = defaultdict(int)
+    for event in events:
+        counts[event.code] += 1
+    return counts
+
+
+def _judge(
+    code: int, count: int, gpu: int, uuid: str | None, record: BootRecord, config: XidConfig
+) -> _Judged:
+    info = lookup(code)
+    reboots = record.reboots_since_first(gpu, uuid, code)
+    if (
+        info.condemns
+        and info.action in REBOOT_REMEDIES
+        and reboots >= config.reboots_before_inspection
+    ):
+        return _Judged(info, count, Severity.CRITICAL, Action.INSPECT_HARDWARE, True, reboots)
+    return _Judged(info, count, info.severity, info.action, info.definitive, reboots)
+
+
+def _categorise(judged: Sequence[_Judged]) -> dict[str, list[_Judged]]:
+    groups: dict[str, list[_Judged]] = defaultdict(list)
+    for item in judged:
+        if item.info.condemns:
+            groups["xid_hardware"].append(item)
+        elif item.info.code in CATALOG:
+            groups["xid_application"].append(item)
+        else:
+            groups["xid_unknown"].append(item)
+    return groups
+
+
+def _finding(gpu: int, code: str, members: Sequence[_Judged], config: XidConfig) -> Finding:
+    worst = max(members, key=lambda item: (item.severity, ACTION_ORDER.index(item.action)))
+    listed = "; ".join(f"XID {m.info.code} ({m.info.name}) x{m.count}" for m in members)
+    evidence: dict[str, float | int | str] = {
+        "xid": worst.info.code,
+        "xids": ",".join(str(m.info.code) for m in members),
+        "count": sum(m.count for m in members),
+        "window_seconds": config.window,
+    }
+    message = f"{listed} in the last {config.window:g}s"
+    if worst.action is Action.INSPECT_HARDWARE and worst.reboots:
+        evidence["reboots"] = worst.reboots
+        message += f"; XID {worst.info.code} came back after {worst.reboots} reboots"
+    return Finding(
+        subject=gpu_subject(gpu),
+        check=NAME,
+        code=code,
+        severity=worst.severity,
+        message=message,
+        action=max((m.action for m in members), key=ACTION_ORDER.index),
+        evidence=evidence,
+        definitive=any(m.definitive and m.severity is Severity.CRITICAL for m in members),
+    )
