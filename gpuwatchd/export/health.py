@@ -1,0 +1,123 @@
+"""Health metric families, rendered fresh from a Snapshot: health states,
+active findings, quarantines and the values the checks derived.
+
+State enums are exported the node_exporter way, one series per state with 1
+for the current one, so `gpuwatchd_health_state{state="quarantined"} == 1`
+selects quarantined subjects and no series goes stale when a state changes.
+Dry-run quarantines have a family of their own, so that rules and actions on
+`gpuwatchd_quarantined` never fire for a dry run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gpuwatchd.model import Health, Measurement, Quarantine, Severity
+from gpuwatchd.snapshot import Snapshot
+
+STATES = tuple(health.label for health in Health)
+
+# Help of the gauges the checks derive; a measurement not listed here is
+# exported with a generic help text rather than dropped.
+MEASUREMENT_HELP = {
+    "gpu_clock_drift_ratio": (
+        "SM clock of a busy GPU over the median of the node's busy GPUs, over the "
+        "clock check's window (1 = in step with its peers)."
+    ),
+    "gpu_throttle_ratio": (
+        "Share of the thermal check's window the GPU spent in each throttle "
+        "(violation) reason, from NVML's cumulative violation time (0-1)."
+    ),
+}
+
+
+def families(snapshot: Snapshot) -> Iterator[Metric]:
+    yield _health_state(snapshot)
+    yield _node_health_state(snapshot)
+    yield _findings(snapshot)
+    live = [q for q in snapshot.quarantines if not q.dry_run]
+    dry = [q for q in snapshot.quarantines if q.dry_run]
+    yield _quarantines(
+        "gpuwatchd_quarantined",
+        "1 for each subject in quarantine, with why and whether policy (auto) or an operator "
+        "(manual) put it there.",
+        live,
+    )
+    yield _quarantines(
+        "gpuwatchd_quarantined_dry_run",
+        "1 for each subject policy would have quarantined, had dry_run been off.",
+        dry,
+    )
+    yield from _measurements(snapshot.measurements)
+
+
+def _health_state(snapshot: Snapshot) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuwatchd_health_state",
+        "Health of each subject (node, gpu, nvlink, ib port): 1 for its current state "
+        f"({', '.join(STATES)}), 0 for the others.",
+        labels=("subject", "state"),
+    )
+    for subject, health in sorted(snapshot.health.items()):
+        for state in Health:
+            family.add_metric([subject, state.label], float(state is health))
+    return family
+
+
+def _node_health_state(snapshot: Snapshot) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuwatchd_node_health_state",
+        "Health of the node as a whole: 1 for its current state, 0 for the others.",
+        labels=("state",),
+    )
+    for state in Health:
+        family.add_metric([state.label], float(state is snapshot.node_health))
+    return family
+
+
+def _findings(snapshot: Snapshot) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuwatchd_finding",
+        "1 for each active finding (warn or critical) of a check on a subject, by fault code.",
+        labels=("subject", "check", "severity", "code"),
+    )
+    active = {
+        (f.subject, f.check, f.severity.label, f.code)
+        for f in snapshot.findings
+        if f.severity is not Severity.OK
+    }
+    for labels in sorted(active):
+        family.add_metric(list(labels), 1.0)
+    return family
+
+
+def _quarantines(
+    name: str, documentation: str, quarantines: Iterable[Quarantine]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, documentation, labels=("subject", "reason", "source"))
+    for q in sorted(quarantines, key=lambda q: q.subject):
+        family.add_metric([q.subject, q.reason, q.source], 1.0)
+    return family
+
+
+def _measurements(measurements: Sequence[Measurement]) -> Iterator[GaugeMetricFamily]:
+    by_name: dict[str, list[Measurement]] = defaultdict(list)
+    for measurement in measurements:
+        by_name[measurement.name].append(measurement)
+    for name, members in sorted(by_name.items()):
+        # Every series of a family has the same label names: a label one
+        # measurement lacks (a GPU without a UUID) is exported empty, which
+        # Prometheus reads as absent.
+        label_names = list(dict.fromkeys(label for m in members for label in m.labels))
+        series = {tuple(m.labels.get(label, "") for label in label_names): m.value for m in members}
+        family = GaugeMetricFamily(
+            f"gpuwatchd_{name}",
+            MEASUREMENT_HELP.get(name, "A value derived by one of gpuwatchd's checks."),
+            labels=label_names,
+        )
+        for values, value in sorted(series.items()):
+            family.add_metric(list(values), value)
+        yield family

@@ -1,0 +1,655 @@
+"""Durable state: one sqlite file in the state directory, in WAL mode.
+
+Owns quarantines, the append-only journal (findings raised and cleared, health
+changes, decisions), the policy state, the boots seen and the XIDs of each,
+and the last sample of every GPU and port (so that rates are right across a
+restart). Every write is one transaction with `synchronous=FULL`: a process
+killed at any moment, SIGKILL included, loses no committed quarantine.
+
+A database that cannot be opened, read or written raises `StoreError`, whose
+message names the file and what to do; the daemon can go on monitoring with
+`Store.in_memory()` (`persistent` is False) and export that it cannot persist.
+The CLI uses `quarantine()` and `release()` directly, daemon running or not:
+the policy state carries the store's revision, and `save_poll` refuses
+(`StateConflict`) to overwrite a manual change made since it was read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gpuwatchd.checks.xid import BootRecord, BootXid
+from gpuwatchd.model import Decision, GpuSample, LinkSample, PortSample, Quarantine, Reading
+from gpuwatchd.policy import (
+    ManualResult,
+    PolicyResult,
+    PolicyState,
+    decode_subjects,
+    encode_subjects,
+    quarantine_manually,
+    release_manually,
+)
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "state.db"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+# Schema migrations: entry N takes a database from version N to N + 1
+# (`PRAGMA user_version`). Append, never edit.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE quarantines (
+        subject TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        source TEXT NOT NULL,
+        since REAL NOT NULL,
+        hardware INTEGER NOT NULL,
+        operator TEXT,
+        code TEXT,
+        dry_run INTEGER NOT NULL
+    );
+    CREATE TABLE journal (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        check_name TEXT,
+        code TEXT,
+        severity TEXT,
+        source TEXT,
+        operator TEXT,
+        dry_run INTEGER NOT NULL DEFAULT 0,
+        message TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX journal_time ON journal (time);
+    CREATE INDEX journal_subject_time ON journal (subject, time);
+    CREATE TABLE policy_state (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        revision INTEGER NOT NULL,
+        subjects TEXT NOT NULL
+    );
+    INSERT INTO policy_state (id, revision, subjects) VALUES (1, 0, '[]');
+    CREATE TABLE boots (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        boot_id TEXT NOT NULL UNIQUE,
+        first_seen REAL NOT NULL
+    );
+    CREATE TABLE boot_xids (
+        boot_id TEXT NOT NULL,
+        gpu INTEGER NOT NULL,
+        code INTEGER NOT NULL,
+        uuid TEXT,
+        first_time REAL NOT NULL,
+        last_time REAL NOT NULL,
+        count INTEGER NOT NULL,
+        PRIMARY KEY (boot_id, gpu, code)
+    );
+    CREATE TABLE last_samples (
+        subject TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        time REAL NOT NULL,
+        data TEXT NOT NULL
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(RuntimeError):
+    """The state database cannot be used; the message says which file and why."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"state database {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class StateConflict(RuntimeError):
+    """The state changed in the database (a manual quarantine or release) since
+    it was read: load it again and evaluate again."""
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    id: int
+    time: float
+    kind: str  # finding_raised, finding_cleared, health_changed, quarantine, release
+    subject: str
+    message: str
+    check: str | None = None
+    code: str | None = None
+    severity: str | None = None
+    source: str | None = None
+    operator: str | None = None
+    dry_run: bool = False
+    data: Mapping[str, Any] | None = None
+
+
+def read_boot_id(path: str = BOOT_ID_PATH) -> str:
+    """The kernel's id of this boot; it changes at every reboot."""
+    with open(path, encoding="ascii") as handle:
+        return handle.read().strip()
+
+
+class Store:
+    """The state database. Open with `Store.open(state_dir)`; one instance may
+    be shared by threads (calls are serialised)."""
+
+    def __init__(self, connection: sqlite3.Connection, path: str, persistent: bool) -> None:
+        self._db = connection
+        self._lock = threading.RLock()
+        self.path = path
+        self.persistent = persistent
+
+    @classmethod
+    def open(cls, state_dir: str) -> Store:
+        path = os.path.join(state_dir, DB_NAME)
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+        except OSError as error:
+            raise StoreError(
+                path, f"cannot create the state directory: {error.strerror}"
+            ) from error
+        try:
+            connection = sqlite3.connect(
+                path, timeout=10.0, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.DatabaseError as error:
+            raise StoreError(path, _explain(error)) from error
+        store = cls(connection, path, persistent=True)
+        try:
+            store._prepare(wal=True)
+        except StoreError:
+            connection.close()
+            raise
+        return store
+
+    @classmethod
+    def in_memory(cls) -> Store:
+        """A store that forgets at exit: for a daemon whose database is unusable,
+        so that policy goes on working while `persistent` says it is not kept."""
+        connection = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        store = cls(connection, ":memory:", persistent=False)
+        store._prepare(wal=False)
+        return store
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- policy state and quarantines ---------------------------------------
+
+    def load_state(self) -> PolicyState:
+        with self._reading() as db:
+            return self._state(db)
+
+    def quarantines(self) -> tuple[Quarantine, ...]:
+        with self._reading() as db:
+            return self._quarantines(db)
+
+    def save_poll(
+        self,
+        result: PolicyResult,
+        *,
+        now: float,
+        boot_id: str | None = None,
+        readings: Iterable[Reading] = (),
+    ) -> PolicyState:
+        """Write one poll in one transaction: its quarantines, policy state,
+        journal, XIDs (under `boot_id`) and the readings' samples. Raises
+        StateConflict, writing nothing, when the state changed since it was read."""
+        readings = tuple(readings)
+        with self._writing() as db:
+            revision = self._revision(db)
+            if revision != result.state.revision:
+                raise StateConflict(
+                    f"state revision {revision} in the database, {result.state.revision} evaluated"
+                )
+            changed = self._write_state(db, result.state)
+            self._journal_poll(db, result, now)
+            if boot_id is not None:
+                self._record_xids(db, boot_id, readings, now)
+            self._record_samples(db, readings)
+            if changed:
+                revision += 1
+                db.execute("UPDATE policy_state SET revision = ?", (revision,))
+        return PolicyState(result.state.subjects, result.state.quarantines, revision)
+
+    def quarantine(self, subject: str, reason: str, operator: str, now: float) -> Decision:
+        """Quarantine a subject by hand (the CLI, with or without the daemon)."""
+        decision = self._manual(
+            lambda state: quarantine_manually(state, subject, reason, operator, now), operator
+        )
+        if decision is None:
+            raise AssertionError("a manual quarantine always decides")
+        return decision
+
+    def release(self, subject: str, operator: str, now: float, reason: str = "") -> Decision | None:
+        """Release a subject by hand; None when it was not quarantined."""
+        return self._manual(
+            lambda state: release_manually(state, subject, operator, now, reason), operator
+        )
+
+    # --- journal --------------------------------------------------------------
+
+    def journal(
+        self, since: float | None = None, subject: str | None = None, limit: int = 1000
+    ) -> tuple[JournalEntry, ...]:
+        """Entries from `since` on (oldest first), of one subject or all, at most `limit`."""
+        conditions = ["1"]
+        parameters: list[Any] = []
+        if since is not None:
+            conditions.append("time >= ?")
+            parameters.append(since)
+        if subject is not None:
+            conditions.append("subject = ?")
+            parameters.append(subject)
+        query = f"SELECT * FROM journal WHERE {' AND '.join(conditions)} ORDER BY id LIMIT ?"
+        with self._reading() as db:
+            rows = db.execute(query, [*parameters, limit]).fetchall()
+        return tuple(_entry(row) for row in rows)
+
+    # --- boots and XIDs -----------------------------------------------------------
+
+    def record_boot(self, boot_id: str, now: float) -> None:
+        with self._writing() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO boots (boot_id, first_seen) VALUES (?, ?)", (boot_id, now)
+            )
+
+    def boot_record(self, boots: int = 16) -> BootRecord:
+        """The last `boots` boots (the current one last) and the XIDs seen in them."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT boot_id FROM (SELECT boot_id, seq FROM boots ORDER BY seq DESC LIMIT ?)"
+                " ORDER BY seq",
+                (boots,),
+            ).fetchall()
+            boot_ids = tuple(row["boot_id"] for row in rows)
+            xids = db.execute("SELECT boot_id, gpu, uuid, code FROM boot_xids").fetchall()
+        return BootRecord(
+            boot_ids=boot_ids,
+            xids=tuple(
+                BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"])
+                for row in xids
+                if row["boot_id"] in boot_ids
+            ),
+        )
+
+    # --- samples across restarts --------------------------------------------------
+
+    def last_readings(self, now: float, max_age: float) -> tuple[Reading, ...]:
+        """The last saved sample of every GPU and port no older than `max_age`,
+        as readings to record into History before the first poll."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT kind, time, data FROM last_samples WHERE time >= ? ORDER BY time",
+                (now - max_age,),
+            ).fetchall()
+        gpus: dict[float, list[GpuSample]] = defaultdict(list)
+        ports: dict[float, list[PortSample]] = defaultdict(list)
+        for row in rows:
+            try:
+                data = json.loads(row["data"])
+                if row["kind"] == "gpu":
+                    gpus[row["time"]].append(_decode_gpu(data))
+                else:
+                    ports[row["time"]].append(_decode_port(data))
+            except (ValueError, TypeError, KeyError) as error:
+                # A baseline that no longer decodes (an older model) only costs one rate.
+                log.warning("skipping a saved sample that does not decode: %s", error)
+        return tuple(
+            Reading(
+                source="store",
+                time=time,
+                gpus=tuple(gpus[time]) if time in gpus else None,
+                ports=tuple(ports[time]) if time in ports else None,
+            )
+            for time in sorted(gpus.keys() | ports.keys())
+        )
+
+    # --- internals ------------------------------------------------------------------
+
+    def _prepare(self, wal: bool) -> None:
+        self._db.row_factory = sqlite3.Row
+        with self._errors():
+            if wal:
+                mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreError(self.path, f"cannot use WAL mode (journal mode is {mode})")
+            # FULL: a commit is on disk before it returns, across a power loss too.
+            self._db.execute("PRAGMA synchronous=FULL")
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise StoreError(
+                    self.path,
+                    f"the database is damaged ({check}); move it aside to start afresh "
+                    "(quarantines and the journal in it are then lost) or restore a copy",
+                )
+            self._migrate()
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                self.path,
+                f"schema version {version} is newer than this gpuwatchd knows "
+                f"({SCHEMA_VERSION}): run the newer gpuwatchd or restore an older copy",
+            )
+        with self._writing() as db:
+            for number in range(version, SCHEMA_VERSION):
+                for statement in _statements(MIGRATIONS[number]):
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.DatabaseError as error:
+            raise StoreError(self.path, _explain(error)) from error
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every query in it sees one committed state."""
+        with self._transaction("BEGIN") as db:
+            yield db
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction. IMMEDIATE takes the write lock up front, so two
+        writers (the daemon and the CLI) wait for each other, never deadlock."""
+        with self._transaction("BEGIN IMMEDIATE") as db:
+            yield db
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._errors():
+            self._db.execute(begin)
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _manual(
+        self, change: Callable[[PolicyState], ManualResult], operator: str
+    ) -> Decision | None:
+        with self._writing() as db:
+            result = change(self._state(db))
+            if result.decision is None:
+                return None
+            self._write_state(db, result.state)
+            db.execute("UPDATE policy_state SET revision = revision + 1")
+            _journal_decision(db, result.decision, operator)
+            return result.decision
+
+    @staticmethod
+    def _revision(db: sqlite3.Connection) -> int:
+        revision: int = db.execute("SELECT revision FROM policy_state").fetchone()[0]
+        return revision
+
+    def _state(self, db: sqlite3.Connection) -> PolicyState:
+        row = db.execute("SELECT revision, subjects FROM policy_state").fetchone()
+        return PolicyState(
+            subjects=decode_subjects(row["subjects"]),
+            quarantines=self._quarantines(db),
+            revision=row["revision"],
+        )
+
+    @staticmethod
+    def _quarantines(db: sqlite3.Connection) -> tuple[Quarantine, ...]:
+        rows = db.execute("SELECT * FROM quarantines ORDER BY subject").fetchall()
+        return tuple(
+            Quarantine(
+                subject=row["subject"],
+                reason=row["reason"],
+                source=row["source"],
+                since=row["since"],
+                hardware=bool(row["hardware"]),
+                operator=row["operator"],
+                code=row["code"],
+                dry_run=bool(row["dry_run"]),
+            )
+            for row in rows
+        )
+
+    def _write_state(self, db: sqlite3.Connection, state: PolicyState) -> bool:
+        """Write what differs from the database; True when anything did."""
+        before = set(self._quarantines(db))
+        after = set(state.quarantines)
+        for gone in before - after:
+            db.execute("DELETE FROM quarantines WHERE subject = ?", (gone.subject,))
+        for new in after - before:
+            db.execute(
+                "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    new.subject,
+                    new.reason,
+                    new.source,
+                    new.since,
+                    int(new.hardware),
+                    new.operator,
+                    new.code,
+                    int(new.dry_run),
+                ),
+            )
+        subjects = encode_subjects(state.subjects)
+        stored = db.execute("SELECT subjects FROM policy_state").fetchone()[0]
+        if subjects != stored:
+            db.execute("UPDATE policy_state SET subjects = ?", (subjects,))
+        return before != after or subjects != stored
+
+    @staticmethod
+    def _journal_poll(db: sqlite3.Connection, result: PolicyResult, now: float) -> None:
+        for finding in result.raised:
+            _insert(
+                db,
+                kind="finding_raised",
+                time=now,
+                subject=finding.subject,
+                message=finding.message,
+                check_name=finding.check,
+                code=finding.code,
+                severity=finding.severity.label,
+                data={
+                    "action": finding.action.value,
+                    "definitive": finding.definitive,
+                    "evidence": dict(finding.evidence),
+                },
+            )
+        for cleared in result.cleared:
+            _insert(
+                db,
+                kind="finding_cleared",
+                time=cleared.time,
+                subject=cleared.subject,
+                message=f"{cleared.check}/{cleared.code} cleared",
+                check_name=cleared.check,
+                code=cleared.code,
+            )
+        for change in result.changes:
+            before = change.before.label if change.before is not None else "new"
+            _insert(
+                db,
+                kind="health_changed",
+                time=change.time,
+                subject=change.subject,
+                message=f"{before} -> {change.after.label}",
+                data={"before": before, "after": change.after.label},
+            )
+        for decision in result.decisions:
+            _journal_decision(db, decision, None)
+
+    @staticmethod
+    def _record_xids(
+        db: sqlite3.Connection, boot_id: str, readings: Iterable[Reading], now: float
+    ) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO boots (boot_id, first_seen) VALUES (?, ?)", (boot_id, now)
+        )
+        for reading in readings:
+            for event in reading.xid_events:
+                db.execute(
+                    """
+                    INSERT INTO boot_xids (boot_id, gpu, code, uuid, first_time, last_time, count)
+                    VALUES (?, ?, ?, ?, ?, ?, 1)
+                    ON CONFLICT (boot_id, gpu, code) DO UPDATE SET
+                        last_time = MAX(last_time, excluded.last_time),
+                        count = count + 1,
+                        uuid = COALESCE(excluded.uuid, uuid)
+                    """,
+                    (boot_id, event.gpu, event.code, event.uuid, event.time, event.time),
+                )
+
+    @staticmethod
+    def _record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
+        for reading in readings:
+            for gpu in reading.gpus or ():
+                db.execute(
+                    "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
+                    (gpu.subject, reading.time, json.dumps(_encode_gpu(gpu))),
+                )
+            for port in reading.ports or ():
+                db.execute(
+                    "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
+                    (port.subject, reading.time, json.dumps(_encode_port(port))),
+                )
+
+
+def _insert(
+    db: sqlite3.Connection,
+    *,
+    kind: str,
+    time: float,
+    subject: str,
+    message: str,
+    check_name: str | None = None,
+    code: str | None = None,
+    severity: str | None = None,
+    source: str | None = None,
+    operator: str | None = None,
+    dry_run: bool = False,
+    data: Mapping[str, Any] | None = None,
+) -> None:
+    db.execute(
+        "INSERT INTO journal (time, kind, subject, check_name, code, severity, source, operator,"
+        " dry_run, message, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            time,
+            kind,
+            subject,
+            check_name,
+            code,
+            severity,
+            source,
+            operator,
+            int(dry_run),
+            message,
+            json.dumps(dict(data or {}), sort_keys=True),
+        ),
+    )
+
+
+def _journal_decision(db: sqlite3.Connection, decision: Decision, operator: str | None) -> None:
+    _insert(
+        db,
+        kind=decision.kind,
+        time=decision.time,
+        subject=decision.subject,
+        message=decision.reason,
+        code=decision.code,
+        source=decision.source,
+        operator=operator,
+        dry_run=decision.dry_run,
+    )
+
+
+def _entry(row: sqlite3.Row) -> JournalEntry:
+    return JournalEntry(
+        id=row["id"],
+        time=row["time"],
+        kind=row["kind"],
+        subject=row["subject"],
+        message=row["message"],
+        check=row["check_name"],
+        code=row["code"],
+        severity=row["severity"],
+        source=row["source"],
+        operator=row["operator"],
+        dry_run=bool(row["dry_run"]),
+        data=json.loads(row["data"]),
+    )
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would commit the open transaction; the migrations hold
+    # no semicolons in literals, so splitting on them is exact.
+    return [statement.strip() for statement in script.split(";") if statement.strip()]
+
+
+def _explain(error: sqlite3.DatabaseError) -> str:
+    """What a sqlite error means for the operator, and what to do about it."""
+    text = str(error)
+    if "not a database" in text or "malformed" in text:
+        return (
+            f"not a readable sqlite database ({text}); move it aside to start afresh "
+            "(quarantines and the journal in it are then lost) or restore a copy"
+        )
+    if "readonly" in text or "unable to open" in text or "disk I/O" in text:
+        return f"cannot be written ({text}); check the state directory's permissions and mount"
+    if "full" in text:
+        return f"cannot be written ({text}); free space on the state directory's filesystem"
+    if "locked" in text:
+        return f"locked by another process for too long ({text})"
+    return text
+
+
+def _encode_gpu(sample: GpuSample) -> dict[str, Any]:
+    """A GpuSample as JSON: mappings with tuple or int keys become lists."""
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(GpuSample)}
+    data["throttle_seconds"] = dict(sample.throttle_seconds)
+    data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
+    data["retired_pages"] = dict(sample.retired_pages)
+    data["nvlinks"] = [
+        {"link": link.link, "up": link.up, "errors": dict(link.errors)} for link in sample.nvlinks
+    ]
+    data["xid_counts"] = [[code, n] for code, n in sample.xid_counts.items()]
+    return data
+
+
+def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
+    known = {f.name for f in fields(GpuSample)}
+    values = {key: value for key, value in data.items() if key in known}
+    values["ecc_errors"] = {(kind, scope): n for kind, scope, n in data.get("ecc_errors", ())}
+    values["nvlinks"] = tuple(
+        LinkSample(gpu=data["index"], link=link["link"], up=link["up"], errors=link["errors"])
+        for link in data.get("nvlinks", ())
+    )
+    values["xid_counts"] = {int(code): n for code, n in data.get("xid_counts", ())}
+    return GpuSample(**values)
+
+
+def _encode_port(sample: PortSample) -> dict[str, Any]:
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PortSample)}
+    data["counters"] = dict(sample.counters)
+    data["hw_counters"] = dict(sample.hw_counters)
+    return data
+
+
+def _decode_port(data: Mapping[str, Any]) -> PortSample:
+    known = {f.name for f in fields(PortSample)}
+    return PortSample(**{key: value for key, value in data.items() if key in known})
