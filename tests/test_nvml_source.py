@@ -280,7 +280,9 @@ def test_gpu_answering_unknown_error_on_every_call_is_reported_lost() -> None:
         assert reading.gpus[0].up is False and reading.gpus[0].uuid is not None
         assert reading.gpus[1].up is True
         node.fake.clear_failures()
-        assert node.gpu_at(20).up is True
+        back = node.gpu_at(20)
+        assert back.up is True
+        assert len(back.nvlinks) == 18  # links probed while it failed are probed again
 
 
 def test_unknown_error_on_one_call_leaves_only_that_value_absent() -> None:

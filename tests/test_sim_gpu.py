@@ -55,7 +55,7 @@ def test_another_seed_gives_another_node() -> None:
 
 
 def test_background_evolves_slowly_and_counters_never_go_back() -> None:
-    node = hardware(gpus=8)
+    node = hardware(gpus=1)
     previous = None
     for second in range(0, 7200, 10):
         node.advance(START + second)

@@ -156,7 +156,9 @@ class _Export:
 
 @dataclass
 class _EventSet:
-    cursor: int  # the model's XIDs before this one were raised before the set existed
+    # Index of the next of the model's XIDs to look at: those before it came
+    # before the set existed, or were delivered (or were not for its GPUs).
+    cursor: int
     gpus: set[int] = field(default_factory=set)
 
 

@@ -326,9 +326,6 @@ class _GpuRead:
             return
         self._availability.note(self.index, subject, source, code, then)
 
-    def refused(self, subject: str, function: str) -> bool:
-        return self._availability.refused(self.index, subject, function)
-
     def want(
         self,
         subject: str,
@@ -415,7 +412,7 @@ def _read_throttle(read: _GpuRead, sample: dict[str, Any]) -> None:
         )
         if violation is not None:
             seconds[reason] = violation.violationTime * _NANO
-        elif read.refused(subject, "nvmlDeviceGetViolationStatus"):
+        else:
             read.want(subject, field_name, seconds, reason, _scaled(_NANO))
     sample["throttle_seconds"] = seconds
 
@@ -448,43 +445,66 @@ def _read_memory_errors(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample["retired_pages_pending"] = bool(pending_pages)
 
 
-def _probe_links(gpu: _Gpu) -> tuple[int, ...]:
-    """The links this GPU has: those whose state NVML reports."""
-    links = []
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        try:
-            pynvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
-        except pynvml.NVMLError as error:
-            if error.value == _GPU_IS_LOST:
-                raise _GpuLost(f"nvmlDeviceGetNvLinkState: {error}") from error
-            continue
-        links.append(link)
+def _probe_code(call: Callable[[], int]) -> int:
+    """The NVML return code of a probing call.
+
+    GPU_IS_LOST ends the poll of the GPU; an Unknown error leaves the probe
+    undecided, to be repeated at the next poll rather than cached.
+    """
+    try:
+        code = call()
+    except pynvml.NVMLError as error:
+        code = int(error.value)
+    if code == _GPU_IS_LOST:
+        raise _GpuLost(f"probing NVLinks: {_error_text(code)}")
+    return code
+
+
+def _succeeds(function: str, *args: Any) -> Callable[[], int]:
+    def call() -> int:
+        getattr(pynvml, function)(*args)
+        return _SUCCESS
+
+    return call
+
+
+def _field_answers(gpu: _Gpu, field_name: str, link: int) -> Callable[[], int]:
+    def call() -> int:
+        field_id = (getattr(pynvml, field_name), link)
+        (value,) = pynvml.nvmlDeviceGetFieldValues(gpu.handle, [field_id])
+        return int(value.nvmlReturn)
+
+    return call
+
+
+def _probe_links(gpu: _Gpu) -> tuple[int, ...] | None:
+    """The links this GPU has (those whose state NVML reports); None when undecided."""
+    codes = {
+        link: _probe_code(_succeeds("nvmlDeviceGetNvLinkState", gpu.handle, link))
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS)
+    }
+    if _UNKNOWN in codes.values():
+        return None
+    links = tuple(link for link, code in codes.items() if code == _SUCCESS)
     if not links:
         log.info("GPU %d: NVML reports no NVLinks", gpu.index)
-    return tuple(links)
+    return links
 
 
-def _answers(gpu: _Gpu, interface: _LinkCounters, link: int) -> bool:
-    """Whether this GPU answers `interface` for `link` (GPU_IS_LOST propagates)."""
-    try:
-        if interface.fields:
-            name = next(iter(interface.fields.values()))
-            (value,) = pynvml.nvmlDeviceGetFieldValues(gpu.handle, [(getattr(pynvml, name), link)])
-            code = value.nvmlReturn
-        else:
-            counter = next(iter(interface.counters.values()))
-            pynvml.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link, counter)
-            code = _SUCCESS
-    except pynvml.NVMLError as error:
-        code = error.value
-    if code == _GPU_IS_LOST:
-        raise _GpuLost(f"probing NVLink counters: {_error_text(code)}")
-    return bool(code == _SUCCESS)
+def _probe_interface(gpu: _Gpu, interface: _LinkCounters, link: int) -> int:
+    if interface.fields:
+        return _probe_code(_field_answers(gpu, next(iter(interface.fields.values())), link))
+    counter = next(iter(interface.counters.values()))
+    return _probe_code(_succeeds("nvmlDeviceGetNvLinkErrorCounter", gpu.handle, link, counter))
 
 
-def _probe_link_counters(gpu: _Gpu, link: int) -> _LinkCounters:
+def _probe_link_counters(gpu: _Gpu, link: int) -> _LinkCounters | None:
+    """The first interface that answers for `link`; None when undecided."""
     for interface in _LINK_COUNTER_INTERFACES:
-        if _answers(gpu, interface, link):
+        code = _probe_interface(gpu, interface, link)
+        if code == _UNKNOWN:
+            return None
+        if code == _SUCCESS:
             log.info("GPU %d: NVLink error counters through %s", gpu.index, interface.name)
             return interface
     log.info("GPU %d: no NVLink error counter interface answers; counters left absent", gpu.index)
@@ -506,7 +526,7 @@ def _read_links(read: _GpuRead) -> list[_LinkRead]:
         gpu.link_counters = _probe_link_counters(gpu, gpu.links[0])
     interface = gpu.link_counters or _NO_LINK_COUNTERS
     links = []
-    for link in gpu.links:
+    for link in gpu.links or ():
         state = read.call("nvlink state", "nvmlDeviceGetNvLinkState", link)
         errors: dict[str, int] = {}
         for kind, name in interface.fields.items():
@@ -699,8 +719,10 @@ class NvmlSource:
         """Read identity up front, so that the first XIDs carry the UUID."""
         if not self._acquire(gpu):
             return
+        read = _GpuRead(gpu, self._availability)
         try:
-            _read_identity(_GpuRead(gpu, self._availability))
+            _read_identity(read)
+            read.finish()
         except _GpuLost as lost:
             self._mark_down(gpu, lost.reason)
 
