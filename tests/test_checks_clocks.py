@@ -1,0 +1,111 @@
+"""Clock-drift check: a busy GPU slower than its busy peers, or than its maximum,
+with no clocks-event reason that explains it."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_history import gpu, last_time, timeline
+
+from gpuwatchd.checks import clocks
+from gpuwatchd.checks.clocks import ClocksConfig
+from gpuwatchd.history import History
+from gpuwatchd.model import CLOCKS_EVENT_REASONS, Action, GpuSample, Severity
+
+CONFIG = ClocksConfig()
+MAX_HZ = 1980e6
+SW_POWER_CAP = CLOCKS_EVENT_REASONS["sw_power_cap"]
+
+
+def busy(index: int, clock_hz: float, **fields: object) -> GpuSample:
+    values: dict[str, object] = {
+        "sm_clock_hertz": clock_hz,
+        "sm_max_clock_hertz": MAX_HZ,
+        "utilization_gpu_ratio": 1.0,
+        "clocks_event_reasons": 0,
+    }
+    values.update(fields)
+    return gpu(index, **values)
+
+
+def node(
+    slow_clock_hz: float, polls: int, slow_from: int = 0, **slow_fields: object
+) -> tuple[History, float]:
+    """Eight busy GPUs near 1950 MHz; GPU 5 runs at `slow_clock_hz` from poll `slow_from` on."""
+
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        gpus = [busy(i, 1950e6 - 5e6 * i) for i in range(8)]
+        if k >= slow_from:
+            gpus[5] = busy(5, slow_clock_hz, **slow_fields)
+        return gpus
+
+    return timeline(polls, gpus_at), last_time(polls)
+
+
+def test_a_busy_gpu_slower_than_its_peers_for_no_reason_warns_with_its_drift_ratio() -> None:
+    history, now = node(1400e6, polls=7)
+    output = clocks.run(history, now, CONFIG)
+    assert [(f.subject, f.code, f.severity) for f in output.findings] == [
+        ("gpu:5", "clock_drift", Severity.WARN)
+    ]
+    drift = {m.labels["gpu"]: m.value for m in output.measurements}
+    # Busy clocks 1400, 1915 ... 1950 MHz: the median is between 1930 and 1935.
+    assert drift["5"] == pytest.approx(1400 / 1932.5)
+    assert drift["0"] == pytest.approx(1950 / 1932.5)
+    assert all(m.name == "gpu_clock_drift_ratio" for m in output.measurements)
+
+
+def test_drift_in_every_window_of_a_quarter_hour_is_critical() -> None:
+    history, now = node(1400e6, polls=6 * 15 + 1)
+    finding = next(iter(clocks.run(history, now, CONFIG).findings))
+    assert finding.severity is Severity.CRITICAL
+    assert finding.action is Action.INSPECT_HARDWARE
+
+
+def test_drift_that_began_a_few_minutes_ago_is_still_a_warning() -> None:
+    history, now = node(1400e6, polls=6 * 15 + 1, slow_from=6 * 12)
+    assert next(iter(clocks.run(history, now, CONFIG).findings)).severity is Severity.WARN
+
+
+def test_a_power_capped_gpu_is_slow_for_a_reason_and_is_no_finding() -> None:
+    history, now = node(1400e6, polls=7, clocks_event_reasons=SW_POWER_CAP)
+    assert clocks.run(history, now, CONFIG).findings == ()
+
+
+def test_an_idle_gpu_at_low_clocks_is_no_finding() -> None:
+    history, now = node(300e6, polls=7, utilization_gpu_ratio=0.05)
+    assert clocks.run(history, now, CONFIG).findings == ()
+
+
+def test_unknown_reasons_cannot_rule_out_an_explanation() -> None:
+    history, now = node(1400e6, polls=7, clocks_event_reasons=None)
+    assert clocks.run(history, now, CONFIG).findings == ()
+
+
+def test_a_small_spread_between_gpus_is_normal() -> None:
+    history, now = node(1800e6, polls=7)
+    assert clocks.run(history, now, CONFIG).findings == ()
+
+
+def test_with_too_few_busy_peers_only_the_maximum_clock_is_compared() -> None:
+    def pair(k: int, time: float) -> list[GpuSample]:
+        return [busy(0, 1950e6), busy(1, 1700e6), gpu(2, utilization_gpu_ratio=0.0)]
+
+    history = timeline(7, pair)
+    output = clocks.run(history, last_time(7), CONFIG)
+    # 1700 MHz is 86% of the 1980 MHz maximum: within the 20% allowed.
+    assert output.findings == ()
+    assert output.measurements == ()
+
+    def slow_pair(k: int, time: float) -> list[GpuSample]:
+        return [busy(0, 1950e6), busy(1, 1200e6)]
+
+    history = timeline(7, slow_pair)
+    finding = next(iter(clocks.run(history, last_time(7), CONFIG).findings))
+    assert finding.subject == "gpu:1"
+    assert finding.evidence["max_ratio"] == pytest.approx(1200 / 1980, abs=1e-4)
+    assert "peer_ratio" not in finding.evidence
+
+
+def test_an_unknown_explaining_reason_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown reason"):
+        ClocksConfig(explaining_reasons=("gpu_idle", "coffee_break"))

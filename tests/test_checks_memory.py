@@ -1,0 +1,125 @@
+"""Memory check: uncorrectable ECC, SBE storms, row remapping, page retirement,
+and counters that restart at a driver reload or a GPU's return."""
+
+from __future__ import annotations
+
+import pytest
+from gpu_history import gpu, last_time, timeline
+
+from gpuwatchd.checks import memory
+from gpuwatchd.checks.memory import MemoryConfig
+from gpuwatchd.model import Action, Finding, GpuSample, Severity
+
+CONFIG = MemoryConfig()
+POLLS = 61  # one 600 s window of 10 s polls
+
+
+def ecc(uncorrected: int = 0, corrected: int = 0, aggregate_uncorrected: int = 0) -> GpuSample:
+    return gpu(
+        1,
+        ecc_errors={
+            ("uncorrected", "volatile"): uncorrected,
+            ("corrected", "volatile"): corrected,
+            ("uncorrected", "aggregate"): aggregate_uncorrected,
+        },
+    )
+
+
+def judged(*samples: GpuSample) -> list[Finding]:
+    """One poll per sample, the last one judged."""
+    history = timeline(len(samples), lambda k, t: [samples[k]])
+    return list(memory.run(history, last_time(len(samples)), CONFIG).findings)
+
+
+def only(findings: list[Finding]) -> Finding:
+    [finding] = findings
+    return finding
+
+
+def test_an_uncorrectable_error_is_critical_definitive_and_asks_for_a_reset() -> None:
+    finding = only(judged(ecc(uncorrected=0), ecc(uncorrected=0), ecc(uncorrected=1)))
+    assert finding.subject == "gpu:1"
+    assert finding.code == "ecc_uncorrectable"
+    assert finding.severity is Severity.CRITICAL
+    assert finding.definitive
+    assert finding.action is Action.RESET_GPU
+
+
+def test_an_aggregate_count_that_grows_is_an_uncorrectable_error_too() -> None:
+    finding = only(judged(ecc(aggregate_uncorrected=4), ecc(aggregate_uncorrected=5)))
+    assert finding.code == "ecc_uncorrectable"
+
+
+def test_old_uncorrectable_errors_that_do_not_grow_are_no_new_finding() -> None:
+    assert judged(ecc(uncorrected=2, aggregate_uncorrected=9), ecc(2, 0, 9), ecc(2, 0, 9)) == []
+
+
+def test_a_driver_reload_that_zeroes_the_volatile_counters_is_no_false_finding() -> None:
+    before = [ecc(uncorrected=3, corrected=500, aggregate_uncorrected=3)] * 3
+    after = [ecc(uncorrected=0, corrected=0, aggregate_uncorrected=3)] * 3
+    assert judged(*before, *after) == []
+
+
+def test_a_gpu_returning_after_being_lost_with_fresh_counters_has_no_memory_finding() -> None:
+    before = [ecc(uncorrected=1, corrected=40, aggregate_uncorrected=1)] * 2
+    lost = [gpu(1, up=False)] * 3
+    back = [ecc(uncorrected=0, corrected=0, aggregate_uncorrected=1)] * 2
+    assert judged(*before, *lost, *back) == []
+
+
+def test_an_sbe_storm_warns() -> None:
+    history = timeline(POLLS, lambda k, t: [ecc(corrected=5 * k)])  # 30/min
+    finding = only(list(memory.run(history, last_time(POLLS), CONFIG).findings))
+    assert (finding.code, finding.severity) == ("ecc_sbe_storm", Severity.WARN)
+    assert finding.evidence["rate_per_second"] == pytest.approx(0.5)
+
+
+def test_a_few_corrected_errors_are_no_storm() -> None:
+    history = timeline(POLLS, lambda k, t: [ecc(corrected=k // 20)])
+    assert memory.run(history, last_time(POLLS), CONFIG).findings == ()
+
+
+def test_a_pending_row_remap_warns_and_asks_for_a_reset() -> None:
+    finding = only(judged(gpu(1, row_remap_pending=True, row_remap_failed=False)))
+    assert (finding.code, finding.severity, finding.action) == (
+        "row_remap_pending",
+        Severity.WARN,
+        Action.RESET_GPU,
+    )
+
+
+def test_a_row_remap_failure_is_critical_and_definitive() -> None:
+    finding = only(judged(gpu(1, row_remap_pending=False, row_remap_failed=True)))
+    assert (finding.code, finding.severity, finding.definitive, finding.action) == (
+        "row_remap_failure",
+        Severity.CRITICAL,
+        True,
+        Action.INSPECT_HARDWARE,
+    )
+
+
+def test_uncorrectable_remapped_rows_at_the_limit_warn() -> None:
+    assert judged(gpu(1, remapped_rows_uncorrectable=511)) == []
+    assert only(judged(gpu(1, remapped_rows_uncorrectable=512))).code == "row_remap_exhausted"
+
+
+def test_pending_page_retirement_warns() -> None:
+    finding = only(judged(gpu(1, retired_pages_pending=True)))
+    assert (finding.code, finding.severity) == ("retired_pages_pending", Severity.WARN)
+
+
+def test_retired_pages_at_dcgm_limit_are_critical_and_definitive() -> None:
+    below = {"multiple_single_bit": 40, "double_bit": 22}
+    assert judged(gpu(1, retired_pages=below)) == []
+    finding = only(judged(gpu(1, retired_pages={"multiple_single_bit": 40, "double_bit": 23})))
+    assert (finding.code, finding.severity, finding.definitive) == (
+        "retired_pages_limit",
+        Severity.CRITICAL,
+        True,
+    )
+    assert finding.evidence["retired_pages"] == 63
+
+
+def test_unsupported_memory_readings_are_no_finding() -> None:
+    # Absent is not zero: a GPU without ECC, remapping or retirement says nothing.
+    assert judged(gpu(1), gpu(1), gpu(1)) == []

@@ -1,0 +1,128 @@
+"""NVLink check: storms over consecutive windows, single bursts, replays and
+recoveries, links that went down, counter resets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from gpu_history import gpu, last_time, link, timeline
+
+from gpuwatchd.checks import nvlink
+from gpuwatchd.checks.nvlink import NvlinkConfig
+from gpuwatchd.history import History
+from gpuwatchd.model import Finding, GpuSample, LinkSample, Severity
+
+CONFIG = NvlinkConfig()
+POLLS = 19  # three full 60 s windows of 10 s polls
+
+
+def links_of(
+    make: Callable[[int, int], LinkSample], polls: int = POLLS, gpu_index: int = 5
+) -> History:
+    """GPU `gpu_index` with links 0-3; poll k reads make(k, link number)."""
+
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        return [gpu(gpu_index, nvlinks=tuple(make(k, number) for number in range(4)))]
+
+    return timeline(polls, gpus_at)
+
+
+def findings(history: History, polls: int = POLLS) -> list[Finding]:
+    return list(nvlink.run(history, last_time(polls), CONFIG).findings)
+
+
+def test_a_crc_storm_over_three_windows_is_critical_on_its_link() -> None:
+    # 2000 CRC flit errors a second on link 2, every poll.
+    history = links_of(lambda k, n: link(5, n, crc_flit=20_000 * k if n == 2 else 0))
+    [finding] = findings(history)
+    assert finding.subject == "nvlink:5/2"
+    assert finding.code == "nvlink_crc_storm"
+    assert finding.severity is Severity.CRITICAL
+    assert finding.evidence["rate_per_second"] == pytest.approx(2000.0)
+    assert not finding.definitive
+
+
+def test_a_single_crc_burst_is_a_warning_not_a_storm() -> None:
+    # 50 000 errors between two polls of the last window, nothing before.
+    history = links_of(lambda k, n: link(5, n, crc_data=50_000 if (n == 1 and k >= 17) else 0))
+    [finding] = findings(history)
+    assert (finding.subject, finding.code, finding.severity) == (
+        "nvlink:5/1",
+        "nvlink_crc_errors",
+        Severity.WARN,
+    )
+
+
+def test_crc_errors_at_a_low_rate_are_normal() -> None:
+    history = links_of(lambda k, n: link(5, n, crc_flit=100 * k))
+    assert findings(history) == []
+
+
+def test_a_storm_that_stopped_in_the_last_window_is_no_longer_critical() -> None:
+    history = links_of(lambda k, n: link(5, n, crc_flit=20_000 * min(k, 12) if n == 0 else 0))
+    assert findings(history) == []
+
+
+def test_a_single_replay_warns() -> None:
+    history = links_of(lambda k, n: link(5, n, replay=1 if (n == 3 and k >= 15) else 0))
+    [finding] = findings(history)
+    assert (finding.subject, finding.code, finding.severity) == (
+        "nvlink:5/3",
+        "nvlink_replay_errors",
+        Severity.WARN,
+    )
+
+
+def test_a_recovery_event_warns() -> None:
+    history = links_of(lambda k, n: link(5, n, recovery=1 if (n == 0 and k == POLLS - 1) else 0))
+    assert [(f.code, f.severity) for f in findings(history)] == [
+        ("nvlink_recovery_errors", Severity.WARN)
+    ]
+
+
+def test_recoveries_every_window_are_a_recovery_storm() -> None:
+    history = links_of(lambda k, n: link(5, n, recovery=k // 3 if n == 0 else 0))
+    assert [(f.code, f.severity) for f in findings(history)] == [
+        ("nvlink_recovery_storm", Severity.CRITICAL)
+    ]
+
+
+def test_a_link_that_goes_down_after_being_up_is_critical() -> None:
+    history = links_of(lambda k, n: link(5, n, up=not (n == 1 and k == POLLS - 1)))
+    [finding] = findings(history)
+    assert (finding.subject, finding.code, finding.severity) == (
+        "nvlink:5/1",
+        "nvlink_down",
+        Severity.CRITICAL,
+    )
+
+
+def test_a_link_that_was_never_up_is_not_a_link_down() -> None:
+    history = links_of(lambda k, n: link(5, n, up=n != 3))
+    assert findings(history) == []
+
+
+def test_a_link_of_unknown_state_is_not_a_link_down() -> None:
+    history = links_of(lambda k, n: link(5, n, up=None if k == POLLS - 1 else True))
+    assert findings(history) == []
+
+
+def test_a_driver_reload_that_resets_the_counters_is_no_false_storm() -> None:
+    # Huge counts before the reload, a few after: the drop is a reset, not errors.
+    history = links_of(lambda k, n: link(5, n, crc_flit=10_000_000 if k < 10 else k - 10, replay=0))
+    assert findings(history) == []
+
+
+def test_a_lost_gpu_has_no_link_findings() -> None:
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        if k == POLLS - 1:
+            return [gpu(5, up=False)]
+        return [gpu(5, nvlinks=(link(5, 0, crc_flit=20_000 * k),))]
+
+    assert findings(timeline(POLLS, gpus_at)) == []
+
+
+def test_a_config_with_an_unknown_family_is_rejected() -> None:
+    with pytest.raises(ValueError, match="warn_on_any"):
+        NvlinkConfig(warn_on_any=("crc", "gossip"))
