@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from gpuwatchd import __version__, logs
+from gpuwatchd.assemble import build_daemon
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -26,7 +27,6 @@ from gpuwatchd.config import (
     load_config,
     parse_listen,
 )
-from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
 from gpuwatchd.server import StatusServer
 from gpuwatchd.settings import SettingsError
@@ -135,10 +135,9 @@ def run(
             config = replace(config, daemon=replace(config.daemon, state_dir=scratch))
         clock = SystemClock()
         try:
-            daemon = _assemble(config, simulate, clock, stack)
+            daemon = build_daemon(config, clock, simulate, stack)
         except (SourceUnavailable, ScenarioError) as error:
             raise click.ClickException(str(error)) from error
-        stack.callback(daemon.close)
         host, port = parse_listen(config.daemon.listen)
         try:
             server = StatusServer(
@@ -170,12 +169,6 @@ def run(
         )
         daemon.run(Notifier())
     log.info("stopped")
-
-
-def _assemble(config: Config, simulate: str | None, clock: SystemClock, stack: ExitStack) -> Daemon:
-    from gpuwatchd.assemble import build_daemon
-
-    return build_daemon(config, clock, simulate, stack)
 
 
 def _fetch_status(url: str) -> dict[str, Any]:

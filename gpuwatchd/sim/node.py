@@ -1,0 +1,46 @@
+"""A whole simulated node: the GPU model behind a fake libnvidia-ml, and a
+sysfs tree of InfiniBand ports, moved together to the daemon's clock.
+
+The production NVML and InfiniBand sources read it unchanged: they see the
+fake library through nvidia-ml-py and real files under `sysfs_root`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuwatchd.sim.fake_nvml import FakeNvml
+from gpuwatchd.sim.gpu import SimulatedGpus
+from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.scenario import Scenario
+
+
+class SimulatedNode:
+    def __init__(
+        self,
+        scenario: Scenario,
+        sysfs_root: Path,
+        start: float,
+        max_event_wait_seconds: float | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.sysfs_root = sysfs_root
+        self.gpus = SimulatedGpus(scenario, start)
+        self.nvml = FakeNvml(self.gpus, max_wait_s=max_event_wait_seconds)
+        # Not advanced here: the first poll does it, after the NVML source has
+        # registered for XIDs (NVML replays nothing from before registration,
+        # so an XID at 0s would otherwise be lost).
+        self.fabric = SimulatedFabric(scenario, sysfs_root, start)
+
+    def advance(self, now: float) -> None:
+        """Move the hardware to wall time `now` (called before every poll)."""
+        self.gpus.advance(now)
+        self.fabric.advance(now)
+
+    def install(self) -> SimulatedNode:
+        """Make nvidia-ml-py talk to this node's fake library."""
+        self.nvml.install()
+        return self
+
+    def uninstall(self) -> None:
+        self.nvml.uninstall()
