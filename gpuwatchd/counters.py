@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,10 +84,10 @@ def increase(
 
 
 def window(
-    points: Sequence[tuple[float, int | float | None]], now: float, seconds: float
-) -> Sequence[tuple[float, int | float | None]]:
-    """The points of the last `seconds`, plus the one just before, so that the
-    first interval of the window is counted too."""
+    points: Sequence[tuple[float, T]], now: float, seconds: float
+) -> Sequence[tuple[float, T]]:
+    """The points (or timed samples) of the last `seconds`, plus the one just
+    before, so that the first interval of the window is counted too."""
     start = now - seconds
     first = 0
     for position, (time, _) in enumerate(points):
@@ -105,6 +108,21 @@ def increase_over(
 ) -> Increase:
     """The increase within the last `seconds` before `now`."""
     return increase(window(points, now, seconds), bits=bits)
+
+
+def until_saturated(
+    points: Sequence[tuple[float, int | float | None]], bits: int | None
+) -> Sequence[tuple[float, int | float | None]]:
+    """The points up to and including the first at the saturation maximum.
+
+    Past that point a saturated counter says nothing, so a rate judged over the
+    whole window would be diluted by time in which counting had stopped; over
+    this prefix it is a lower bound of the true rate instead.
+    """
+    for position, (_, value) in enumerate(points):
+        if is_saturated(value, bits):
+            return points[: position + 1]
+    return points
 
 
 def gauge_integral(points: Sequence[tuple[float, int | float | None]]) -> float:

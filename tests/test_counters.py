@@ -12,6 +12,7 @@ from gpuwatchd.counters import (
     increase_over,
     is_saturated,
     saturation_max,
+    until_saturated,
     window,
 )
 
@@ -105,3 +106,22 @@ def test_a_counter_that_only_grows_increases_by_last_minus_first(values: list[in
     result = increase(points)
     assert result.increase == ordered[-1] - ordered[0]
     assert result.resets == 0
+
+
+def test_a_window_of_timed_samples_keeps_its_sample_type() -> None:
+    samples = [(0.0, "a"), (10.0, "b"), (20.0, "c")]
+    assert window(samples, now=20.0, seconds=5.0) == [(10.0, "b"), (20.0, "c")]
+
+
+def test_until_saturated_stops_at_the_first_point_at_the_maximum() -> None:
+    points = [(0.0, 10), (10.0, 200), (20.0, 255), (30.0, 255)]
+    assert until_saturated(points, bits=8) == points[:3]
+    assert until_saturated(points, bits=16) == points
+    assert until_saturated(points, bits=None) == points
+
+
+def test_a_rate_up_to_saturation_is_not_diluted_by_the_time_after_it() -> None:
+    # 245 counted in the first 20 s, then nothing: 12.25/s is the lower bound,
+    # where the whole window would have said 8.2/s.
+    points = [(0.0, 10), (10.0, 200), (20.0, 255), (30.0, 255)]
+    assert increase(until_saturated(points, bits=8), bits=8).rate == 245 / 20

@@ -1,0 +1,358 @@
+"""The InfiniBand check, scenario by scenario: a simulated fabric written to a
+sysfs tree, read by the real reader into History, judged on an injected clock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import textwrap
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks.infiniband import NAME, InfinibandCheckConfig, run
+from gpuwatchd.config import InfinibandSourceConfig
+from gpuwatchd.history import History
+from gpuwatchd.model import Action, Finding, Severity
+from gpuwatchd.settings import load
+from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.scenario import parse
+from gpuwatchd.sources.infiniband import InfinibandSource
+
+START = 1_767_225_600.0
+POLL = 10.0
+SHM = Path("/dev/shm")
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Iterator[Path]:
+    """Where the simulated tree lives: in memory where the machine has /dev/shm,
+    since ext4 flushes data on every rename over a file (about 0.4 ms each, and
+    the simulator replaces every changed counter file on every poll)."""
+    if not SHM.is_dir() or not os.access(SHM, os.W_OK):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir=SHM, prefix="gpuwatchd-ib-") as directory:
+        yield Path(directory)
+
+
+class Node:
+    """A simulated node with two HCAs, polled every 10 s of injected time."""
+
+    def __init__(
+        self, root: Path, *faults: str, config: InfinibandCheckConfig | None = None
+    ) -> None:
+        listed = "".join(f"\n  - {fault}" for fault in faults)
+        scenario = parse(f"node: {{hcas: 2}}\nseed: 7\nfaults:{listed or ' []'}")
+        self.root = root
+        self.fabric = SimulatedFabric(scenario, root, START)
+        self.source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(root)))
+        self.history = History(max_age_seconds=3600.0)
+        self.config = config or InfinibandCheckConfig()
+        self.t = -POLL
+        self.outputs: list[CheckOutput] = []
+
+    def poll(self, advance: bool = True) -> CheckOutput:
+        self.t += POLL
+        now = START + self.t
+        if advance:
+            self.fabric.advance(now)
+        self.history.record(self.source.poll(now))
+        output = run(self.history, now, self.config)
+        self.outputs.append(output)
+        return output
+
+    def until(self, seconds: float) -> CheckOutput:
+        while self.t + POLL <= seconds:
+            self.poll()
+        return self.outputs[-1]
+
+    def port_file(self, hca: str, name: str) -> Path:
+        return self.root / "class" / "infiniband" / hca / "ports" / "1" / name
+
+
+def found(output: CheckOutput, code: str, subject: str) -> Finding:
+    matches = [f for f in output.findings if (f.code, f.subject) == (code, subject)]
+    assert len(matches) == 1, f"{code} on {subject} in {[f.message for f in output.findings]}"
+    return matches[0]
+
+
+def codes(output: CheckOutput) -> set[tuple[str, str]]:
+    return {(finding.subject, finding.code) for finding in output.findings}
+
+
+def measured(output: CheckOutput, name: str, device: str) -> float | None:
+    values = [
+        m.value
+        for m in output.measurements
+        if m.name == f"infiniband_{name}" and m.labels["device"] == device
+    ]
+    return values[0] if values else None
+
+
+def all_measured(outputs: Sequence[CheckOutput], name: str) -> list[float]:
+    return [m.value for o in outputs for m in o.measurements if m.name == f"infiniband_{name}"]
+
+
+def test_a_calm_training_node_has_no_findings(sysfs: Path) -> None:
+    node = Node(sysfs)
+    node.until(600)
+    assert all(not output.findings for output in node.outputs)
+    last = node.outputs[-1]
+    assert measured(last, "symbol_error_ratio", "mlx5_0") == 0.0
+    assert 0 < (measured(last, "xmit_wait_ratio", "mlx5_0") or 0) < 1e-5
+
+
+def test_no_infiniband_reading_yet_judges_nothing() -> None:
+    assert run(History(3600.0), START, InfinibandCheckConfig()) == CheckOutput()
+
+
+def test_ib_port_down_on_a_port_seen_active_is_critical(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 60s, kind: ib_port_down, hca: mlx5_1, port: 1, for: 2m}")
+    down = found(node.until(70), "ib_port_down", "ib:mlx5_1/1")
+    assert down.check == NAME and down.severity is Severity.CRITICAL
+    assert down.action is Action.INSPECT_HARDWARE
+    assert down.evidence["state"] == "DOWN" and down.evidence["physical_state_id"] == 2
+    assert {subject for subject, code in codes(node.outputs[-1]) if code == "ib_port_down"} == {
+        "ib:mlx5_1/1"
+    }
+    # The cable is back after two minutes: up again, the one link_downed remembered.
+    back = node.until(200)
+    assert ("ib:mlx5_1/1", "ib_port_down") not in codes(back)
+    assert found(back, "ib_link_flapping", "ib:mlx5_1/1").severity is Severity.WARN
+
+
+def test_a_port_down_since_boot_is_expected_only_when_listed(sysfs: Path) -> None:
+    fault = "{at: 0s, kind: ib_port_down, hca: mlx5_1, port: 1}"
+    assert ("ib:mlx5_1/1", "ib_port_down") not in codes(Node(sysfs / "a", fault).until(60))
+    listed = InfinibandCheckConfig(expected_ports=("mlx5_*/1",))
+    output = Node(sysfs / "b", fault, config=listed).until(60)
+    assert found(output, "ib_port_down", "ib:mlx5_1/1").severity is Severity.CRITICAL
+
+
+def test_an_expected_port_that_sysfs_does_not_show_is_missing(sysfs: Path) -> None:
+    config = InfinibandCheckConfig(expected_ports=("mlx5_0/1", "mlx5_9/1"))
+    missing = found(Node(sysfs, config=config).until(20), "ib_port_missing", "ib:mlx5_9/1")
+    assert missing.severity is Severity.CRITICAL
+    assert "seconds_since_seen" not in missing.evidence
+
+
+def test_an_hca_that_falls_off_the_bus_is_missing(sysfs: Path) -> None:
+    node = Node(sysfs)
+    node.until(60)
+    shutil.rmtree(sysfs / "class" / "infiniband" / "mlx5_1")
+    output = node.poll(advance=False)
+    missing = found(output, "ib_port_missing", "ib:mlx5_1/1")
+    assert missing.severity is Severity.CRITICAL
+    assert missing.evidence["seconds_since_seen"] == POLL
+    assert codes(output) == {("ib:mlx5_1/1", "ib_port_missing")}
+
+
+def test_a_400g_link_retrained_to_200g_is_degraded(sysfs: Path) -> None:
+    node = Node(sysfs)
+    node.until(60)
+    node.port_file("mlx5_1", "rate").write_text("200 Gb/sec (4X HDR)\n")
+    degraded = found(node.poll(advance=False), "ib_port_rate_degraded", "ib:mlx5_1/1")
+    assert degraded.severity is Severity.WARN
+    assert (degraded.evidence["rate_gbps"], degraded.evidence["expected_gbps"]) == (200, 400)
+
+
+def test_a_port_below_the_configured_minimum_rate_is_degraded_from_the_start(
+    sysfs: Path,
+) -> None:
+    config = InfinibandCheckConfig(min_rate_gbps=800.0)
+    output = Node(sysfs, config=config).poll()
+    assert found(output, "ib_port_rate_degraded", "ib:mlx5_0/1").evidence["expected_gbps"] == 800
+
+
+def test_one_link_flap_warns(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/h}")
+    flap = found(node.until(70), "ib_link_flapping", "ib:mlx5_1/1")
+    assert flap.severity is Severity.WARN
+    assert (flap.evidence["link_downed"], flap.evidence["link_error_recovery"]) == (1, 1)
+
+
+def test_a_link_flapping_every_minute_is_critical(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/min}")
+    flap = found(node.until(130), "ib_link_flapping", "ib:mlx5_1/1")
+    assert flap.severity is Severity.CRITICAL
+    assert flap.evidence["link_downed"] == 2
+
+
+def test_a_flap_is_forgotten_once_it_leaves_the_window(sysfs: Path) -> None:
+    config = InfinibandCheckConfig(flap_window=300.0)
+    node = Node(
+        sysfs, "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/h}", config=config
+    )
+    assert ("ib:mlx5_1/1", "ib_link_flapping") in codes(node.until(300))
+    assert not node.until(400).findings
+
+
+def test_a_flapping_link_saturates_link_downed_and_that_is_reported(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/s}")
+    output = node.until(400)
+    downed = [s.counters["link_downed"] for _, s in node.history.port("mlx5_1", 1)]
+    assert max(downed) == 255 and downed == sorted(downed)
+    saturated = found(output, "ib_counter_saturated", "ib:mlx5_1/1")
+    assert saturated.severity is Severity.WARN
+    assert saturated.evidence["link_downed"] == 255
+    flap = found(output, "ib_link_flapping", "ib:mlx5_1/1")
+    assert flap.severity is Severity.CRITICAL and flap.evidence["saturated"] == 1
+    # Counted up to the saturation point, never past it or below zero.
+    assert (flap.evidence["link_downed"], flap.evidence["link_error_recovery"]) == (255, 255)
+    assert all_measured([output], "counter_saturated") == [1.0, 1.0]
+
+
+def test_symbol_errors_at_50_per_second_on_400g_are_critical(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
+    output = node.until(600)
+    errors = found(output, "ib_symbol_errors", "ib:mlx5_1/1")
+    assert errors.severity is Severity.CRITICAL
+    assert errors.action is Action.INSPECT_HARDWARE
+    # 50 errors/s over 400 Gb/s of received bits.
+    assert measured(output, "symbol_error_ratio", "mlx5_1") == pytest.approx(50 / 400e9)
+    assert measured(output, "symbol_error_ratio", "mlx5_0") == 0.0
+
+
+def test_symbol_errors_at_one_per_second_warn(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 1/s}")
+    assert found(node.until(600), "ib_symbol_errors", "ib:mlx5_1/1").severity is Severity.WARN
+
+
+def test_a_few_symbol_errors_an_hour_are_within_the_ibta_limit(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 10/h}")
+    output = node.until(600)
+    assert not output.findings
+    assert 0 < (measured(output, "symbol_error_ratio", "mlx5_1") or 0) < 1e-12
+
+
+def test_bit_errors_are_not_judged_on_less_than_a_minute_of_data(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
+    output = node.until(50)
+    assert not output.findings
+    assert measured(output, "symbol_error_ratio", "mlx5_1") is None
+    assert found(node.until(60), "ib_symbol_errors", "ib:mlx5_1/1")
+
+
+def test_receive_errors_from_a_bad_cable_are_judged_per_bit(sysfs: Path) -> None:
+    # About half the uncorrected symbol errors land in packets (see the simulator).
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
+    output = node.until(600)
+    assert found(output, "ib_receive_errors", "ib:mlx5_1/1").severity is Severity.WARN
+    assert measured(output, "receive_error_ratio", "mlx5_1") == pytest.approx(25 / 400e9)
+
+
+def test_a_saturated_symbol_error_counter_gives_a_lower_bound_then_only_the_saturation(
+    sysfs: Path,
+) -> None:
+    # 2000 errors/s fill the 16-bit counter in about 33 s.
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 2000/s}")
+    early = node.until(120)
+    errors = found(early, "ib_symbol_errors", "ib:mlx5_1/1")
+    assert errors.severity is Severity.CRITICAL and errors.evidence["saturated"] == 1
+    assert "at least" in errors.message
+    # Judged up to the sample where it saturated (40 s), not diluted over 2 minutes.
+    assert errors.evidence["window_seconds"] == 40.0
+    assert errors.evidence["errors"] == 65535
+    assert found(early, "ib_counter_saturated", "ib:mlx5_1/1").severity is Severity.WARN
+    late = node.until(900)
+    assert ("ib:mlx5_1/1", "ib_symbol_errors") not in codes(late)
+    assert found(late, "ib_counter_saturated", "ib:mlx5_1/1").evidence["symbol_error"] == 65535
+    assert all(0 <= ber < 1e-8 for ber in all_measured(node.outputs, "symbol_error_ratio"))
+
+
+def test_a_driver_reload_resets_counters_without_negative_or_absurd_rates(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
+    node.until(300)
+    for hca in ("mlx5_0", "mlx5_1"):
+        node.fabric.reset_counters(hca, START + node.t)
+    output = node.until(400)
+    errors = found(output, "ib_symbol_errors", "ib:mlx5_1/1")
+    assert errors.evidence["resets"] == 1
+    assert errors.severity is Severity.CRITICAL
+    assert not [f for f in output.findings if f.subject == "ib:mlx5_0/1"]
+    assert all(
+        0 <= ber <= 50 / 400e9 * 1.01 for ber in all_measured(node.outputs, "symbol_error_ratio")
+    )
+    assert all(0 <= ratio < 1e-5 for ratio in all_measured(node.outputs, "xmit_wait_ratio"))
+
+
+CONGESTION = "{at: 60s, kind: ib_congestion, hca: mlx5_1, port: 1, rate: 62500000/s}"
+# Switch-IB's convention (32 bytes per lane, 4 lanes): at 62.5M ticks/s a 400G
+# port waits 16% of the time, and the 32-bit counter lasts about a minute.
+SWITCH_IB_TICKS = InfinibandCheckConfig(xmit_wait_bytes_per_tick=128.0, congestion_window=30.0)
+
+
+def test_congestion_warns_while_port_xmit_wait_can_count_it(sysfs: Path) -> None:
+    node = Node(sysfs, CONGESTION, config=SWITCH_IB_TICKS)
+    output = node.until(100)
+    congestion = found(output, "ib_congestion", "ib:mlx5_1/1")
+    assert congestion.severity is Severity.WARN and congestion.action is Action.NONE
+    assert measured(output, "xmit_wait_ratio", "mlx5_1") == pytest.approx(0.16, abs=0.001)
+    discards = found(output, "ib_xmit_discards", "ib:mlx5_1/1")
+    assert discards.severity is Severity.WARN
+
+
+def test_a_saturated_port_xmit_wait_is_reported_at_severity_ok(sysfs: Path) -> None:
+    node = Node(sysfs, CONGESTION, config=SWITCH_IB_TICKS)
+    output = node.until(300)
+    assert ("ib:mlx5_1/1", "ib_congestion") not in codes(output)
+    saturated = found(output, "ib_counter_saturated", "ib:mlx5_1/1")
+    assert saturated.severity is Severity.OK
+    assert saturated.evidence["port_xmit_wait"] == 2**32 - 1
+    assert all(0 <= ratio <= 1 for ratio in all_measured(node.outputs, "xmit_wait_ratio"))
+
+
+def test_at_the_default_8_byte_tick_heavy_congestion_fills_the_counter_within_a_poll(
+    sysfs: Path,
+) -> None:
+    # 10% of a 400G port's time is 625M ticks/s: 32 bits hold under 7 s of it.
+    fault = "{at: 60s, kind: ib_congestion, hca: mlx5_1, port: 1, rate: 625000000/s}"
+    output = Node(sysfs, fault).until(70)
+    assert found(output, "ib_counter_saturated", "ib:mlx5_1/1").severity is Severity.OK
+    assert 0 < (measured(output, "xmit_wait_ratio", "mlx5_1") or 0) < 0.1
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"expected_ports": ("mlx5_0",)},
+        {"flap_warn_count": 3, "flap_critical_count": 2},
+        {"symbol_ber_warn": 1e-9, "symbol_ber_critical": 1e-12},
+        {"receive_ber_warn": 0.0},
+        {"ber_window": 0.0},
+        {"xmit_wait_warn_ratio": 1.5},
+        {"min_rate_gbps": -1.0},
+    ],
+)
+def test_the_config_rejects_values_that_cannot_work(settings: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        InfinibandCheckConfig(**settings)  # type: ignore[arg-type]
+
+
+# The block for config/gpuwatchd.yaml under `checks: infiniband:`.
+DOCUMENTED_YAML = """
+expected_ports: []              # device/port patterns that must be up (mlx5_*/1)
+expect_ports_seen_active: true  # also every port seen ACTIVE in history
+min_rate_gbps: 0                # lowest acceptable link rate in Gb/s (0: highest rate seen)
+flap_window: 1h                 # link_downed + link_error_recovery increments counted over this
+flap_warn_count: 1              # this many flap events warn
+flap_critical_count: 3          # this many are critical
+ber_window: 10m                 # bit error rates judged over this
+ber_min_span: 1m                # no BER verdict on less data than this
+symbol_ber_warn: 1.0e-12        # symbol errors per bit: IBTA limit, ibdiagnet default
+symbol_ber_critical: 1.0e-10
+receive_ber_warn: 1.0e-12       # receive-side errors per bit
+receive_ber_critical: 1.0e-10
+congestion_window: 5m           # congestion and discards judged over this
+xmit_wait_bytes_per_tick: 8     # port time one port_xmit_wait tick stands for (Tick+1)
+xmit_wait_warn_ratio: 0.1       # share of time waiting for credits that warns
+xmit_discards_warn_count: 1     # transmit discards in the window that warn
+"""
+
+
+def test_the_documented_yaml_block_loads_to_the_defaults() -> None:
+    assert load(InfinibandCheckConfig, textwrap.dedent(DOCUMENTED_YAML)) == InfinibandCheckConfig()
