@@ -1,0 +1,84 @@
+"""What a canary backend does, and how the worker gets one.
+
+A backend runs the suite's primitives on one device: a GEMM in a given input
+format, the two per-thread chains, and an HBM region for the pattern test.
+Everything else (inputs, references, comparison, evidence) is shared code in
+suite.py, so the CPU backend's tests cover the paths the CUDA backend takes.
+Outputs come back as host arrays; the HBM test compares on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from numpy.typing import NDArray
+
+from gpuwatchd.canary.chains import FmaChainInputs, IntChainInputs
+from gpuwatchd.canary.formats import NumberFormat
+from gpuwatchd.canary.memory import MemoryRegion
+from gpuwatchd.canary.spec import BackendKind
+
+
+class BackendError(RuntimeError):
+    """The device failed a call (a CUDA error, a missing library)."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: BackendKind
+    name: str
+    uuid: str | None
+    # Model, driver and library versions: the scope in which a full-mantissa
+    # GEMM's digest is comparable. A change of any of them starts afresh.
+    environment: str
+    sm_count: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class GemmRun:
+    output: NDArray[Any]
+    seconds: float  # the GEMM alone, without transfers
+
+
+@dataclass(frozen=True, eq=False)
+class ThreadRun:
+    values: NDArray[Any]  # (threads,)
+    units: NDArray[Any]  # (threads,) the SM (GPU) or core (CPU) that ran it; -1 unknown
+
+
+class Backend(Protocol):
+    @property
+    def info(self) -> DeviceInfo: ...
+
+    def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
+        """A @ B with operands in `fmt` and an fp32 (fp64 for fp64) output;
+        `a` and `b` are float64 arrays of values representable in `fmt`."""
+        ...
+
+    def int_chain(self, inputs: IntChainInputs) -> ThreadRun: ...
+
+    def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun: ...
+
+    def memory(self, words: int) -> MemoryRegion: ...
+
+    def free_memory_bytes(self) -> int | None: ...
+
+
+def open_backend(
+    kind: BackendKind,
+    device: int | None,
+    *,
+    stand_in_sm_count: int | None = None,
+    name: str | None = None,
+    uuid: str | None = None,
+) -> Backend:
+    """A CUDA backend on `device`, or the CPU backend (standing in for a GPU
+    with `stand_in_sm_count` SMs, or checking the host when that is None)."""
+    if kind == "cuda":
+        from gpuwatchd.canary.cuda import CudaBackend
+
+        return CudaBackend(0 if device is None else device)
+    from gpuwatchd.canary.cpu import CpuBackend
+
+    return CpuBackend(sm_count=stand_in_sm_count, name=name, uuid=uuid)

@@ -1,0 +1,80 @@
+"""Settings of the canaries: how often, when, how long, and how a mismatch is
+confirmed. Loaded under `canary:` in the daemon's YAML config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuwatchd.settings import Seconds
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    enabled: bool = True
+    # Where the suite runs: `cuda` (CuPy), `cpu` (NumPy), or `auto` (CUDA when
+    # CuPy and a GPU are there, else the CPU).
+    backend: Literal["auto", "cuda", "cpu"] = "auto"
+    # One burst per GPU this often. Ten minutes at about a second each is
+    # well under 0.2 % of GPU time, yet a GPU that turns bad is caught within
+    # a fraction of a typical checkpoint interval (tens of minutes to hours).
+    interval: Seconds = 600.0
+    # The device time one burst is sized for; the duty budget reserves it
+    # before a burst starts (and then counts what the burst really took).
+    burst: Seconds = 1.0
+    # Hard limit on one burst's worker process (its start, CUDA context and
+    # canaries); past it the worker is killed and the burst is a `timeout`.
+    timeout: Seconds = 60.0
+    # `idle`: only while the GPU is idle, so a canary never competes with a
+    # job for time or memory. `always`: also under load, within `duty_cycle`.
+    when: Literal["idle", "always"] = "idle"
+    # A GPU whose utilisation is at most this is idle. None (unknown) is busy.
+    idle_utilization: float = 0.05
+    # Share of GPU time canaries may take from a busy GPU (`when: always`),
+    # over a sliding `duty_window`. Idle time is not counted against it.
+    duty_cycle: float = 0.005
+    duty_window: Seconds = 3600.0
+    # After a mismatch that did not reproduce, the GPU is watched: it runs a
+    # burst every `watch_interval` for `watch_for`, and a second mismatch in
+    # that time confirms the fault. An intermittent fault that shows about
+    # once an hour is then caught within a day of watching.
+    watch_interval: Seconds = 60.0
+    watch_for: Seconds = 86400.0
+    # The same canary failing on more than this share of the node's GPUs
+    # within one `interval` is a software, driver or reference problem: an
+    # alert, and no GPU is quarantined for it.
+    software_ratio: float = 0.5
+    # Seeds of the known-answer canaries cycle through `seed_rotation` values
+    # from `seed`, so their references (cached per seed) are computed only a
+    # few times; the full-mantissa GEMM always uses `seed`, so its result
+    # can be compared across GPUs and across runs.
+    seed: int = 1
+    seed_rotation: int = 16
+    # The HBM pattern test covers at most this much of a GPU's memory, and at
+    # most `hbm_free_fraction` of what is free, so it never crowds out a job.
+    hbm_bytes: int = 256 * MIB
+    hbm_free_fraction: float = 0.05
+    # Check the host's CPU cores too, each pinned in turn, this often.
+    host_cores: bool = True
+    host_interval: Seconds = 3600.0
+    # Where the digests of exact references are cached across bursts
+    # (a directory; None keeps them only for the life of a worker).
+    reference_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "burst", "timeout", "duty_window", "watch_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be more than 0s")
+        for name in ("idle_utilization", "duty_cycle", "hbm_free_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be between 0 and 1")
+        if not 0 < self.software_ratio < 1:
+            raise ValueError("software_ratio must be more than 0 and less than 1")
+        if self.seed_rotation < 1:
+            raise ValueError("seed_rotation must be at least 1")
+        if self.hbm_bytes < 0:
+            raise ValueError("hbm_bytes cannot be negative")
+        if self.host_interval <= 0:
+            raise ValueError("host_interval must be more than 0s")

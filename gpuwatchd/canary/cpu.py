@@ -1,0 +1,95 @@
+"""The CPU backend: the canary suite in NumPy, everywhere.
+
+Tensor-core formats are emulated (formats.quantize) and accumulated in fp32,
+so the exactness the GPU relies on is the exactness checked here. Standing in
+for a GPU (simulation), threads of the chains are spread over emulated SMs
+block by block, as a GPU schedules them; checking the host, every thread
+records the core the worker is pinned to.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuwatchd.canary.backend import DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.chains import (
+    THREADS_PER_BLOCK,
+    FmaChainInputs,
+    IntChainInputs,
+    fma_chain,
+    int_chain,
+)
+from gpuwatchd.canary.formats import NumberFormat, quantize
+from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.machine() or "cpu"
+
+
+def pinned_core() -> int:
+    """The core this thread is pinned to, or -1 when it may run on several."""
+    cores = os.sched_getaffinity(0)
+    return next(iter(cores)) if len(cores) == 1 else -1
+
+
+class CpuBackend:
+    def __init__(
+        self, sm_count: int | None = None, name: str | None = None, uuid: str | None = None
+    ) -> None:
+        model = name or cpu_model()
+        self._sm_count = sm_count
+        self._info = DeviceInfo(
+            backend="cpu",
+            name=model,
+            uuid=uuid,
+            environment=f"{model}; numpy {np.__version__}",
+            sm_count=sm_count,
+        )
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
+        accumulator = fmt.output_dtype
+        qa = quantize(fmt, a).astype(accumulator)
+        qb = quantize(fmt, b).astype(accumulator)
+        start = time.perf_counter()
+        output = qa @ qb
+        return GemmRun(output=output, seconds=time.perf_counter() - start)
+
+    def _units(self, threads: int) -> NDArray[np.int64]:
+        if self._sm_count is None:
+            return np.full(threads, pinned_core(), dtype=np.int64)
+        blocks = np.arange(threads, dtype=np.int64) // THREADS_PER_BLOCK
+        return blocks % self._sm_count
+
+    def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
+        return ThreadRun(values=int_chain(inputs), units=self._units(inputs.start.size))
+
+    def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun:
+        return ThreadRun(values=fma_chain(inputs), units=self._units(inputs.start.size))
+
+    def memory(self, words: int) -> MemoryRegion:
+        return ArrayRegion(np, words, np.asarray)
+
+    def free_memory_bytes(self) -> int | None:
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None

@@ -1,0 +1,204 @@
+"""The CUDA backend: the canary suite on an NVIDIA GPU through CuPy.
+
+CuPy is an optional extra (`gpuwatchd[cuda]`) imported here only, when a
+backend is opened. GEMMs go through cublasGemmEx with the operand type and
+compute type of each format, so fp16, bf16 and tf32 run on the tensor cores
+and fp32 (pedantic: no TF32 shortcut) and fp64 on the regular units, all with
+an fp32 (fp64) output. The chains are RawKernels from chains.CUDA_SOURCE that
+record each thread's %smid; the HBM test is memory.ArrayRegion over CuPy.
+Only reads the GPU's state and runs work on it: it changes no setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuwatchd.canary.backend import BackendError, DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.chains import (
+    CUDA_SOURCE,
+    THREADS_PER_BLOCK,
+    FmaChainInputs,
+    IntChainInputs,
+)
+from gpuwatchd.canary.formats import NumberFormat, bf16_bits
+from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
+
+# cuBLAS and CUDA enum values (cublas_api.h, library_types.h); CuPy's own
+# names for them have moved between releases.
+CUBLAS_OP_N = 0
+CUDA_R_32F = 0
+CUDA_R_64F = 1
+CUDA_R_16F = 2
+CUDA_R_16BF = 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_PEDANTIC = 69
+CUBLAS_COMPUTE_64F = 70
+CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+CUBLAS_GEMM_DEFAULT = -1
+
+# Format -> (operand type, compute type).
+GEMM_TYPES: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "fp16": (CUDA_R_16F, CUBLAS_COMPUTE_32F),
+        "bf16": (CUDA_R_16BF, CUBLAS_COMPUTE_32F),
+        "tf32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32),
+        "fp32": (CUDA_R_32F, CUBLAS_COMPUTE_32F_PEDANTIC),
+        "fp64": (CUDA_R_64F, CUBLAS_COMPUTE_64F),
+    }
+)
+
+
+def _host_operand(fmt: NumberFormat, values: NDArray[Any]) -> NDArray[Any]:
+    """The operand as the device reads it (bf16 as raw 16-bit words)."""
+    if fmt.name == "fp16":
+        return values.astype(np.float16)
+    if fmt.name == "bf16":
+        return bf16_bits(values.astype(np.float32))
+    if fmt.name == "fp64":
+        return values.astype(np.float64)
+    return values.astype(np.float32)
+
+
+def _import_cupy() -> tuple[Any, Any]:
+    try:
+        import cupy  # type: ignore[import-not-found]
+        from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
+    except ImportError as error:
+        raise BackendError(f"the cuda backend needs CuPy (gpuwatchd[cuda]): {error}") from error
+    return cupy, cublas
+
+
+def _name(properties: Mapping[str, Any]) -> str:
+    name = properties["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _format_uuid(raw: object) -> str | None:
+    if isinstance(raw, bytes) and len(raw) == 16:
+        h = raw.hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return None
+
+
+class CudaBackend:
+    def __init__(self, device: int) -> None:
+        cupy, cublas = _import_cupy()
+        self._cp = cupy
+        self._cublas = cublas
+        cupy.cuda.Device(device).use()
+        runtime = cupy.cuda.runtime
+        properties = runtime.getDeviceProperties(device)
+        name = _name(properties)
+        self._handle = cupy.cuda.device.get_cublas_handle()
+        environment = (
+            f"{name}; CUDA driver {runtime.driverGetVersion()}; "
+            f"runtime {runtime.runtimeGetVersion()}; cuBLAS {cublas.getVersion(self._handle)}; "
+            f"CuPy {cupy.__version__}"
+        )
+        self._info = DeviceInfo(
+            backend="cuda",
+            name=name,
+            uuid=_format_uuid(properties.get("uuid")),
+            environment=environment,
+            sm_count=int(properties["multiProcessorCount"]),
+        )
+        self._module = cupy.RawModule(code=CUDA_SOURCE)
+
+    @property
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
+        cp = self._cp
+        (m, k), n = a.shape, b.shape[1]
+        operand_type, compute_type = GEMM_TYPES[fmt.name]
+        wide = fmt.output_dtype == np.float64
+        scale = np.float64 if compute_type == CUBLAS_COMPUTE_64F else np.float32
+        alpha, beta = np.ones(1, dtype=scale), np.zeros(1, dtype=scale)
+        device_a = cp.asarray(_host_operand(fmt, a))
+        device_b = cp.asarray(_host_operand(fmt, b))
+        output = cp.empty((m, n), dtype=fmt.output_dtype)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        # cuBLAS is column-major: the row-major C = A @ B is the column-major
+        # C^T = B^T @ A^T, so B goes first and every leading dimension is a
+        # row length.
+        self._cublas.gemmEx(
+            self._handle,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            n,
+            m,
+            k,
+            alpha.ctypes.data,
+            device_b.data.ptr,
+            operand_type,
+            n,
+            device_a.data.ptr,
+            operand_type,
+            k,
+            beta.ctypes.data,
+            output.data.ptr,
+            CUDA_R_64F if wide else CUDA_R_32F,
+            n,
+            compute_type,
+            CUBLAS_GEMM_DEFAULT,
+        )
+        stop.record()
+        stop.synchronize()
+        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
+        return GemmRun(output=cp.asnumpy(output), seconds=seconds)
+
+    def _threads(self, kernel: str, threads: int, *tables: NDArray[Any], dtype: Any) -> ThreadRun:
+        cp = self._cp
+        start, multipliers, addends = (cp.asarray(table.astype(dtype)) for table in tables)
+        values = cp.empty(threads, dtype=dtype)
+        units = cp.empty(threads, dtype=cp.uint32)
+        blocks = -(-threads // THREADS_PER_BLOCK)
+        self._module.get_function(kernel)(
+            (blocks,),
+            (THREADS_PER_BLOCK,),
+            (
+                start,
+                multipliers,
+                addends,
+                np.int32(multipliers.size),
+                np.int32(threads),
+                values,
+                units,
+            ),
+        )
+        return ThreadRun(values=cp.asnumpy(values), units=cp.asnumpy(units).astype(np.int64))
+
+    def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
+        tables = (inputs.start, inputs.multipliers, inputs.addends)
+        return self._threads("int_chain", inputs.start.size, *tables, dtype=np.uint32)
+
+    def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun:
+        tables = (inputs.start, inputs.multipliers, inputs.addends)
+        kernel = f"fma_chain_{inputs.fmt.name}"
+        return self._threads(kernel, inputs.start.size, *tables, dtype=inputs.fmt.dtype)
+
+    def memory(self, words: int) -> MemoryRegion:
+        return ArrayRegion(self._cp, words, self._cp.asnumpy)
+
+    def free_memory_bytes(self) -> int | None:
+        free, _total = self._cp.cuda.runtime.memGetInfo()
+        return int(free)
+
+
+def list_devices() -> list[tuple[int, str, str | None]]:
+    """(CUDA ordinal, name, UUID) of every GPU CUDA sees, in PCI bus order
+    when CUDA_DEVICE_ORDER=PCI_BUS_ID (the worker sets it)."""
+    cupy, _ = _import_cupy()
+    runtime = cupy.cuda.runtime
+    devices = []
+    for ordinal in range(runtime.getDeviceCount()):
+        properties = runtime.getDeviceProperties(ordinal)
+        devices.append((ordinal, _name(properties), _format_uuid(properties.get("uuid"))))
+    return devices

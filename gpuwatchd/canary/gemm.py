@@ -1,0 +1,127 @@
+"""Inputs and known answers of the GEMM canaries.
+
+Exact GEMMs: integer-valued operands small enough that every product and
+every partial sum is exactly representable (see formats.py), so the answer
+is the same on every GPU, in every summation order, under every library
+version. To exercise more than the low bits of small integers:
+- magnitudes are drawn with a random bit length up to the format's bound,
+  so full significands appear alongside small values;
+- every element has a random sign (the sign paths);
+- every row of A and column of B is scaled by a random power of two (the
+  exponent paths), which scales each output by 2^(row + column) exactly.
+No operand is zero: a sum of products that are all -0 is -0 on one
+implementation and +0 on another, which no known answer could pin down.
+
+The bound holds by construction: |b| <= 2^bits_b and the absolute row sums
+of A are at most 2^(acc - bits_b), so sum_k |a_ik * b_kj| <= 2^acc.
+
+The reference is computed exactly in int64 on the CPU, then scaled.
+
+Full-mantissa GEMM: random operands using every significand bit; its result
+depends on the summation order (the library's algorithm), so it is judged by
+comparison across GPUs of one model and driver, not against a known answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuwatchd.canary.formats import NumberFormat, quantize
+
+_FORMAT_CODES = {"fp16": 1, "bf16": 2, "tf32": 3, "fp32": 4, "fp64": 5}
+
+
+@dataclass(frozen=True, eq=False)
+class ExactGemm:
+    """Integer parts, signs included, and the power-of-two scales."""
+
+    a_int: NDArray[np.int64]  # (m, k)
+    b_int: NDArray[np.int64]  # (k, n)
+    row_scale: NDArray[np.int64]  # (m,) exponents applied to the rows of A
+    col_scale: NDArray[np.int64]  # (n,) exponents applied to the columns of B
+
+    @property
+    def a(self) -> NDArray[np.float64]:
+        return np.ldexp(self.a_int.astype(np.float64), self.row_scale[:, None])
+
+    @property
+    def b(self) -> NDArray[np.float64]:
+        return np.ldexp(self.b_int.astype(np.float64), self.col_scale[None, :])
+
+
+def bit_budgets(fmt: NumberFormat) -> tuple[int, int, int]:
+    """(bits of each |a|, bits of each |b|, bits of each absolute row sum of A)."""
+    b_bits = min(fmt.significand_bits, fmt.accumulator_bits // 2)
+    row_bits = fmt.accumulator_bits - b_bits
+    return min(fmt.significand_bits, row_bits), b_bits, row_bits
+
+
+def _rng(
+    kind: int, fmt: NumberFormat, shape: tuple[int, int, int], seed: int
+) -> np.random.Generator:
+    return np.random.default_rng([kind, _FORMAT_CODES[fmt.name], *shape, seed])
+
+
+def _magnitudes(rng: np.random.Generator, shape: tuple[int, int], bits: int) -> NDArray[np.int64]:
+    """Integers in [1, 2^bits], each with a random bit length."""
+    lengths = rng.integers(0, bits + 1, size=shape)
+    return rng.integers(1, np.left_shift(1, lengths), size=shape, endpoint=True)
+
+
+def _fit_rows(magnitudes: NDArray[np.int64], row_bits: int) -> NDArray[np.int64]:
+    """Shift each row right just enough that its sum is at most 2^row_bits
+    (a shifted value never drops below 1, so no zero appears)."""
+    budget = 1 << row_bits
+    fitted = magnitudes.copy()
+    for shift in range(1, 64):
+        over = fitted.sum(axis=1) > budget
+        if not over.any():
+            return fitted
+        fitted[over] = np.maximum(magnitudes[over] >> shift, 1)
+    raise ValueError(f"rows of {magnitudes.shape[1]} elements cannot sum to 2^{row_bits}")
+
+
+def exact_gemm(fmt: NumberFormat, shape: tuple[int, int, int], seed: int) -> ExactGemm:
+    m, k, n = shape
+    if k > 1 << (bit_budgets(fmt)[2] - 1):
+        raise ValueError(f"k={k} is too long for an exact {fmt.name} GEMM")
+    rng = _rng(1, fmt, shape, seed)
+    a_bits, b_bits, row_bits = bit_budgets(fmt)
+    a_mag = _fit_rows(_magnitudes(rng, (m, k), a_bits), row_bits)
+    b_mag = _magnitudes(rng, (k, n), b_bits)
+    a_sign = rng.choice(np.array([-1, 1], dtype=np.int64), size=(m, k))
+    b_sign = rng.choice(np.array([-1, 1], dtype=np.int64), size=(k, n))
+    return ExactGemm(
+        a_int=a_sign * a_mag,
+        b_int=b_sign * b_mag,
+        row_scale=rng.integers(fmt.min_scale, fmt.max_scale, size=m, endpoint=True),
+        col_scale=rng.integers(fmt.min_scale, fmt.max_scale, size=n, endpoint=True),
+    )
+
+
+def exact_reference(fmt: NumberFormat, gemm: ExactGemm) -> NDArray[np.floating[Any]]:
+    """A @ B, computed exactly in int64 and scaled, in the output format."""
+    sums = gemm.a_int @ gemm.b_int
+    exponents = gemm.row_scale[:, None] + gemm.col_scale[None, :]
+    scaled: NDArray[np.float64] = np.ldexp(sums.astype(np.float64), exponents)
+    return scaled.astype(fmt.output_dtype)
+
+
+def random_gemm(
+    fmt: NumberFormat, shape: tuple[int, int, int], seed: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Operands in [-1, 1) that use every significand bit of `fmt`."""
+    m, k, n = shape
+    rng = _rng(2, fmt, shape, seed)
+    a = rng.uniform(-1.0, 1.0, size=(m, k))
+    b = rng.uniform(-1.0, 1.0, size=(k, n))
+    return quantize(fmt, a).astype(np.float64), quantize(fmt, b).astype(np.float64)
+
+
+def flop_count(shape: tuple[int, ...]) -> int:
+    m, k, n = shape
+    return 2 * m * k * n

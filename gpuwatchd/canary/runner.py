@@ -1,0 +1,307 @@
+"""Running a burst out of the daemon's process, with a hard timeout.
+
+A burst runs in a fresh `python -m gpuwatchd.canary.worker` process: the
+request goes in as JSON on stdin, the worker answers with one JSON line as
+each canary starts and one with each result. A canary that hangs is killed
+with its whole process group at the timeout (`timeout`); a worker that
+crashes, or a device call that fails, ends the burst with an `error` for the
+canary in flight. Either way the caller gets an outcome and keeps going:
+nothing of the device's state (a CUDA context left broken, a hung kernel)
+survives into the daemon. An XID on the GPU during the burst fails it too
+(`fail_on_xids`).
+
+Each result is stamped with the caller's clock and the GPU's telemetry as
+the result arrives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import IO, Any
+
+from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.result import (
+    CanaryResult,
+    Outcome,
+    TelemetrySource,
+    failed,
+    no_telemetry,
+)
+from gpuwatchd.canary.spec import BackendKind, CanarySpec
+from gpuwatchd.canary.wire import WireError, from_wire, to_wire
+from gpuwatchd.clock import Clock
+from gpuwatchd.model import XidEvent
+
+WORKER_MODULE = "gpuwatchd.canary.worker"
+# The worker's threads: one BLAS thread keeps pinning meaningful (a pinned
+# worker computes on its core alone) and results independent of thread count.
+WORKER_ENVIRONMENT: Mapping[str, str] = {
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    # CUDA's device order is NVML's (and nvidia-smi's) only in PCI order.
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+}
+STDERR_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class BurstRequest:
+    """What one worker runs: `specs` on one GPU (the CUDA backend, or the
+    CPU backend standing in for it), or on each of the host's `cpu_cores`
+    in turn (the CPU backend)."""
+
+    backend: BackendKind
+    specs: tuple[CanarySpec, ...]
+    gpu: int | None = None  # NVML index
+    uuid: str | None = None
+    cpu_cores: tuple[int, ...] = ()
+    # The CPU backend standing in for a GPU of a simulated node.
+    stand_in_model: str | None = None
+    stand_in_sm_count: int | None = None
+    faults: tuple[FaultSpec, ...] = ()
+    # The GPU's temperature as the burst starts (drives intermittent faults).
+    temperature_celsius: float | None = None
+    reference_cache: str | None = None
+    hbm_free_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not self.specs:
+            raise ValueError("a burst needs at least one canary")
+        if self.cpu_cores and (self.backend != "cpu" or self.gpu is not None):
+            raise ValueError("the host's cores are checked by the cpu backend, without a GPU")
+
+
+@dataclass(frozen=True)
+class BurstOutcome:
+    request: BurstRequest
+    results: tuple[CanaryResult, ...]
+    started: float  # the caller's clock
+    finished: float
+
+    @property
+    def device_seconds(self) -> float:
+        """What the canaries took (the duty budget counts this)."""
+        return sum(result.duration_seconds for result in self.results)
+
+
+def worker_environment(request: BurstRequest) -> dict[str, str]:
+    environment = {**os.environ, **WORKER_ENVIRONMENT}
+    if request.backend == "cuda":
+        device = request.uuid or (str(request.gpu) if request.gpu is not None else None)
+        if device is not None:
+            environment["CUDA_VISIBLE_DEVICES"] = device
+    return environment
+
+
+class _Worker:
+    """One worker process and the threads that read its output."""
+
+    def __init__(self, arguments: list[str], environment: Mapping[str, str], stdin: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE, *arguments],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(environment),
+            text=True,
+            # Its own process group: a timeout kills the worker and anything
+            # it started, and a Ctrl-C on the CLI reaches the CLI alone.
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        assert self.process.stdout is not None and self.process.stderr is not None
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+        threading.Thread(target=self._drain, args=(self.process.stderr,), daemon=True).start()
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(stdin)
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # the worker died at once; its exit status tells why
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _drain(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.stderr.append(line.rstrip())
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next line, None at the end of output; TimeoutError past the deadline."""
+        try:
+            return self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def exit_status(self, deadline: float) -> int:
+        try:
+            return self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+
+    def why_it_ended(self, status: int) -> str:
+        if status < 0:
+            how = f"was killed by {signal.Signals(-status).name}"
+        else:
+            how = f"exited with status {status}"
+        tail = " | ".join(line for line in self.stderr if line)[-1000:]
+        return f"worker {how}" + (f": {tail}" if tail else "")
+
+
+def _stamp(result: CanaryResult, clock: Clock, telemetry: TelemetrySource) -> CanaryResult:
+    reading = telemetry(result.gpu) if result.gpu is not None and result.cpu_core is None else None
+    return replace(
+        result,
+        time=clock.now(),
+        temperature_celsius=reading.temperature_celsius if reading else None,
+        sm_clock_hertz=reading.sm_clock_hertz if reading else None,
+        memory_clock_hertz=reading.memory_clock_hertz if reading else None,
+    )
+
+
+@dataclass
+class _Progress:
+    """The canary in flight (or, before the first starts, the first one)."""
+
+    spec: CanarySpec
+    cpu_core: int | None
+    since: float
+
+
+def run_burst(
+    request: BurstRequest,
+    *,
+    timeout: float,
+    clock: Clock,
+    telemetry: TelemetrySource = no_telemetry,
+    on_result: Callable[[CanaryResult], None] | None = None,
+) -> BurstOutcome:
+    """Run one burst in a worker process; returns when the worker is done,
+    dead or killed at `timeout` seconds (real time)."""
+    started = clock.now()
+    deadline = time.monotonic() + timeout
+    first_core = request.cpu_cores[0] if request.cpu_cores else None
+    progress: _Progress | None = _Progress(request.specs[0], first_core, time.monotonic())
+    results: list[CanaryResult] = []
+
+    def finish(outcome: Outcome, message: str) -> None:
+        if progress is None:
+            return
+        result = failed(
+            progress.spec,
+            outcome,
+            message,
+            gpu=request.gpu,
+            cpu_core=progress.cpu_core,
+            backend=request.backend,
+            duration_seconds=time.monotonic() - progress.since,
+        )
+        results.append(_stamp(replace(result, uuid=request.uuid), clock, telemetry))
+        if on_result is not None:
+            on_result(results[-1])
+
+    worker = _Worker([], worker_environment(request), json.dumps(to_wire(request)))
+    try:
+        while (line := worker.next_line(deadline)) is not None:
+            event = _parse(line)
+            if event is None:
+                continue
+            if "start" in event:
+                spec, core = event["start"]
+                progress = _Progress(spec, core, time.monotonic())
+            else:
+                result = _stamp(event["result"], clock, telemetry)
+                results.append(result)
+                progress = None
+                if on_result is not None:
+                    on_result(result)
+        status = worker.exit_status(deadline)
+        if status != 0:
+            finish("error", worker.why_it_ended(status))
+    except TimeoutError:
+        worker.kill()
+        finish("timeout", f"no result within {timeout:g}s; the worker was killed")
+    finally:
+        worker.kill()
+    return BurstOutcome(request, tuple(results), started, clock.now())
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    """A protocol line as {"start": (spec, core)} or {"result": CanaryResult};
+    None for anything else (a stray line is not worth failing a burst)."""
+    try:
+        message = json.loads(line)
+        if message.get("event") == "start":
+            return {"start": (from_wire(CanarySpec, message["spec"]), message.get("cpu_core"))}
+        if message.get("event") == "result":
+            return {"result": from_wire(CanaryResult, message["result"])}
+    except (ValueError, KeyError, AttributeError, WireError):
+        pass
+    return None
+
+
+def fail_on_xids(outcome: BurstOutcome, events: Iterable[XidEvent]) -> BurstOutcome:
+    """An XID on the burst's GPU between its start and now fails the whole
+    burst: every result becomes an `error` (its evidence kept), since a GPU
+    raising XIDs computes nothing worth judging, and the XID check owns the
+    verdict."""
+    gpu = outcome.request.gpu
+    xids = sorted(
+        {event.code for event in events if event.gpu == gpu and event.time >= outcome.started}
+    )
+    if gpu is None or not xids:
+        return outcome
+    message = f"XID {', '.join(map(str, xids))} during the burst"
+    results = tuple(replace(result, result="error", error=message) for result in outcome.results)
+    return replace(outcome, results=results)
+
+
+@dataclass(frozen=True)
+class ProbedGpu:
+    index: int
+    name: str
+    uuid: str | None
+
+
+def probe_cuda(timeout: float) -> tuple[ProbedGpu, ...]:
+    """The GPUs the CUDA backend can use, asked of a worker so that CUDA is
+    never initialised in the caller's process. Raises RuntimeError when
+    CuPy, the driver or a GPU is missing."""
+    deadline = time.monotonic() + timeout
+    worker = _Worker(["--probe"], {**os.environ, **WORKER_ENVIRONMENT}, "")
+    gpus: list[ProbedGpu] = []
+    try:
+        while (line := worker.next_line(deadline)) is not None:
+            try:
+                gpus.append(from_wire(ProbedGpu, json.loads(line)))
+            except (ValueError, WireError):
+                continue
+        status = worker.exit_status(deadline)
+    except TimeoutError:
+        raise RuntimeError(f"probing CUDA took longer than {timeout:g}s") from None
+    finally:
+        worker.kill()
+    if status != 0:
+        raise RuntimeError(f"no CUDA backend: {worker.why_it_ended(status)}")
+    return tuple(gpus)

@@ -1,0 +1,124 @@
+"""What one canary run computes: its kind, number format, shape and seed.
+
+A `CanarySpec` names the inputs completely, so a mismatch can be re-run on
+the very same inputs (on the same GPU and on a sibling). The default suites
+here are sized so that one burst stays within about a second of device time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal[
+    "gemm_exact",
+    "gemm_random",
+    "int_chain",
+    "fma_chain",
+    "hbm_walking_ones",
+    "hbm_own_address",
+    "hbm_moving_inversions",
+]
+KINDS: tuple[Kind, ...] = (
+    "gemm_exact",
+    "gemm_random",
+    "int_chain",
+    "fma_chain",
+    "hbm_walking_ones",
+    "hbm_own_address",
+    "hbm_moving_inversions",
+)
+HBM_KINDS: tuple[Kind, ...] = ("hbm_walking_ones", "hbm_own_address", "hbm_moving_inversions")
+GEMM_KINDS: tuple[Kind, ...] = ("gemm_exact", "gemm_random")
+
+# Input formats of the exact GEMMs: the three tensor-core formats and the two
+# of the regular FP32/FP64 units.
+EXACT_GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
+# The full-mantissa GEMM: FP32 on the regular units, BF16 on the tensor cores.
+RANDOM_GEMM_DTYPES = ("fp32", "bf16")
+FMA_CHAIN_DTYPES = ("fp32", "fp64")
+
+BackendKind = Literal["cuda", "cpu"]
+
+
+@dataclass(frozen=True)
+class CanarySpec:
+    """One canary: `shape` is (m, k, n) for a GEMM, (threads, steps) for a
+    chain and (words,) for an HBM pattern test."""
+
+    kind: Kind
+    dtype: str
+    shape: tuple[int, ...]
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The canary's name in results and metrics: kind and format, unique per GPU."""
+        return f"{self.kind}_{self.dtype}"
+
+
+@dataclass(frozen=True)
+class SuiteSize:
+    """How big each canary of a suite is on one backend."""
+
+    gemm_exact: tuple[int, int, int]
+    gemm_random: tuple[int, int, int]
+    chain_threads: int
+    chain_steps: int
+
+
+# On a GPU: exact GEMMs big enough to fill the tensor cores yet cheap to check
+# on the host (the int64 reference of 512^3 takes ~0.4 s once per seed, then
+# its digest is cached); a 4096^3 full-mantissa GEMM for a meaningful TFLOP/s;
+# chains of 64k threads (every SM of an H100 busy) of 1024 dependent steps.
+CUDA_SIZE = SuiteSize(
+    gemm_exact=(512, 512, 512),
+    gemm_random=(4096, 4096, 4096),
+    chain_threads=65536,
+    chain_steps=1024,
+)
+# On the CPU (standing in for a GPU, or checking the host's cores): small
+# enough that a whole burst takes a few hundredths of a second.
+CPU_SIZE = SuiteSize(
+    gemm_exact=(128, 128, 128),
+    gemm_random=(192, 192, 192),
+    chain_threads=4096,
+    chain_steps=256,
+)
+# HBM pattern test slice on the CPU backend (the host's RAM, or the stand-in GPU's).
+CPU_HBM_BYTES = 2 * 1024 * 1024
+
+
+def default_suite(
+    backend: BackendKind, seed: int, random_seed: int, hbm_bytes: int
+) -> tuple[CanarySpec, ...]:
+    """The whole suite for one GPU. `seed` varies from burst to burst so other
+    inputs get exercised over time; `random_seed` stays fixed so that the
+    full-mantissa GEMM's result can be compared across GPUs and runs.
+    `hbm_bytes` is an upper bound: the worker shrinks it to the free memory."""
+    size = CUDA_SIZE if backend == "cuda" else CPU_SIZE
+    words = (min(hbm_bytes, CPU_HBM_BYTES) if backend == "cpu" else hbm_bytes) // 8
+    chain = (size.chain_threads, size.chain_steps)
+    return (
+        *(CanarySpec("gemm_exact", dtype, size.gemm_exact, seed) for dtype in EXACT_GEMM_DTYPES),
+        CanarySpec("int_chain", "u32", chain, seed),
+        *(CanarySpec("fma_chain", dtype, chain, seed) for dtype in FMA_CHAIN_DTYPES),
+        *(
+            CanarySpec("gemm_random", dtype, size.gemm_random, random_seed)
+            for dtype in RANDOM_GEMM_DTYPES
+        ),
+        *(CanarySpec(kind, "u64", (words,), seed) for kind in HBM_KINDS),
+    )
+
+
+def host_suite(seed: int) -> tuple[CanarySpec, ...]:
+    """What each of the host's CPU cores runs: the chains and the exact GEMMs
+    of the regular units, the ones that exercise a core's integer, FMA and
+    vector paths."""
+    size = CPU_SIZE
+    chain = (size.chain_threads, size.chain_steps)
+    return (
+        CanarySpec("int_chain", "u32", chain, seed),
+        *(CanarySpec("fma_chain", dtype, chain, seed) for dtype in FMA_CHAIN_DTYPES),
+        *(CanarySpec("gemm_exact", dtype, size.gemm_exact, seed) for dtype in ("fp32", "fp64")),
+    )

@@ -1,0 +1,114 @@
+"""The canary worker process: `python -m gpuwatchd.canary.worker`.
+
+Reads a runner.BurstRequest as JSON on stdin and runs it, writing one JSON
+line to stdout as each canary starts ({"event": "start", ...}) and one with
+each result ({"event": "result", ...}). Device errors become `error`
+results and end the burst (a CUDA error leaves the context unusable); a
+hang or crash is the runner's to see. With `--probe`, lists the GPUs the
+CUDA backend sees instead, one JSON object a line.
+
+The protocol has stdout to itself: anything else the process prints at
+file-descriptor level (a library's banner, a driver's warning) goes to
+stderr, which the runner keeps for error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gpuwatchd.canary.backend import Backend, open_backend
+from gpuwatchd.canary.inject import FaultyBackend
+from gpuwatchd.canary.result import failed
+from gpuwatchd.canary.runner import BurstRequest, ProbedGpu
+from gpuwatchd.canary.spec import CanarySpec
+from gpuwatchd.canary.suite import ReferenceCache, RunContext, run_canary
+from gpuwatchd.canary.wire import from_wire, to_wire
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+def open_request_backend(request: BurstRequest) -> Backend:
+    backend = open_backend(
+        request.backend,
+        # The runner narrows CUDA_VISIBLE_DEVICES to the burst's GPU.
+        0 if request.backend == "cuda" else None,
+        stand_in_sm_count=request.stand_in_sm_count,
+        name=request.stand_in_model,
+        uuid=request.uuid,
+    )
+    for fault in request.faults:
+        backend = FaultyBackend(backend, fault, request.temperature_celsius)
+    return backend
+
+
+def execute(request: BurstRequest, emit: Emit) -> None:
+    """Run the burst, reporting through `emit`. Pins the calling thread to
+    each of `request.cpu_cores` in turn."""
+    try:
+        backend = open_request_backend(request)
+    except Exception as error:  # no CuPy, no driver, no such GPU
+        _report_error(
+            request,
+            request.specs[0],
+            request.cpu_cores[0] if request.cpu_cores else None,
+            error,
+            emit,
+        )
+        return
+    cache = ReferenceCache(request.reference_cache)
+    for core in request.cpu_cores or (None,):
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        context = RunContext(cache, request.gpu, request.uuid, core, request.hbm_free_fraction)
+        for spec in request.specs:
+            emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
+            try:
+                result = run_canary(backend, spec, context)
+            except Exception as error:  # any device failure is this canary's error
+                _report_error(request, spec, core, error, emit)
+                return
+            emit({"event": "result", "result": to_wire(result)})
+
+
+def _report_error(
+    request: BurstRequest, spec: CanarySpec, core: int | None, error: Exception, emit: Emit
+) -> None:
+    message = f"{type(error).__name__}: {error}"
+    result = failed(spec, "error", message, gpu=request.gpu, cpu_core=core, backend=request.backend)
+    emit({"event": "result", "result": to_wire(replace(result, uuid=request.uuid))})
+
+
+def probe(emit: Emit) -> None:
+    from gpuwatchd.canary.cuda import list_devices
+
+    for index, name, uuid in list_devices():
+        emit(to_wire(ProbedGpu(index, name, uuid)))
+
+
+def main(argv: list[str]) -> int:
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def emit(message: dict[str, Any]) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    if argv == ["--probe"]:
+        try:
+            probe(emit)
+        except Exception as error:  # no CuPy, no driver: say so in one line
+            print(f"{type(error).__name__}: {error}", file=sys.stderr)
+            return 2
+        return 0
+    request = from_wire(BurstRequest, json.loads(sys.stdin.read()))
+    execute(request, emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
