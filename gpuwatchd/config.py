@@ -8,8 +8,9 @@ that check's module, beside the reason for their default.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Annotated
 
-from gpuwatchd.settings import Seconds, load, load_file
+from gpuwatchd.settings import Check, Seconds, load, load_file
 
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
@@ -31,7 +32,7 @@ class DaemonConfig:
     poll_interval: Seconds = 10.0
     # Where /metrics, /healthz and /api/v1 are served. Loopback by default: the
     # control API must not be reachable from the network unless asked for.
-    listen: str = DEFAULT_LISTEN
+    listen: Annotated[str, Check(parse_listen)] = DEFAULT_LISTEN
     # Quarantines, the journal and rates across restarts live here.
     state_dir: str = "/var/lib/gpuwatchd"
     # How much history each subject keeps for the checks' windows.
@@ -39,7 +40,6 @@ class DaemonConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        parse_listen(self.listen)
         if self.poll_interval <= 0:
             raise ValueError("poll_interval must be more than 0s")
         if self.log_level not in ("debug", "info", "warning", "error"):

@@ -28,6 +28,14 @@ class _Parser:
         self.parse = parse
 
 
+class Check:
+    """`Annotated[T, Check(fn)]`: `fn(value)` raises ValueError for a bad value,
+    reported at that key's line."""
+
+    def __init__(self, check: Callable[[Any], object]) -> None:
+        self.check = check
+
+
 Seconds = Annotated[float, _Parser(parse_duration)]
 PerSecond = Annotated[float, _Parser(parse_rate)]
 
@@ -57,12 +65,16 @@ class _Loader:
         if origin is Annotated:
             base, *extras = get_args(tp)
             parser = next((extra for extra in extras if isinstance(extra, _Parser)), None)
-            if parser is None:
-                return self.build(base, node, key)
             try:
-                return parser.parse(self.scalar(node, key))
+                value = parser.parse(self.scalar(node, key)) if parser else None
+                if parser is None:
+                    value = self.build(base, node, key)
+                for extra in extras:
+                    if isinstance(extra, Check):
+                        extra.check(value)
             except ValueError as error:
                 self.fail(node, key, str(error))
+            return value
         if origin in (types.UnionType, typing.Union):
             options = [arg for arg in get_args(tp) if arg is not type(None)]
             if self.is_null(node):
