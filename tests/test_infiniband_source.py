@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
+import socket
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwatchd.config import InfinibandSourceConfig
 from gpuwatchd.export.infiniband import families
 from gpuwatchd.model import PortSample, Reading
+from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import infiniband
 from gpuwatchd.sources.infiniband import InfinibandSource, parse_rate, parse_state
@@ -25,6 +30,7 @@ from gpuwatchd.sources.infiniband import InfinibandSource, parse_rate, parse_sta
 FIXTURE = Path("/work/shared/external/procfs-sysfs")
 GOLDEN = Path(__file__).parent / "golden" / "node_exporter_1.5.0_infiniband.prom"
 PROMTOOL = Path("/usr/bin/promtool")
+NODE_EXPORTER = Path("/usr/bin/prometheus-node-exporter")
 
 # Families we export that node_exporter 1.5 does not (names as the parser gives
 # them, without `_total`):
@@ -75,15 +81,61 @@ def parsed(text: str, prefix: str = "") -> tuple[set[tuple[str, str, str]], set[
     return metas, samples
 
 
-def test_the_procfs_fixture_tree_exports_exactly_what_node_exporter_1_5_reports() -> None:
-    golden_metas, golden_samples = parsed(GOLDEN.read_text(), prefix="node_")
-    our_metas, our_samples = parsed(render(read(FIXTURE)))
+def assert_same_as_node_exporter(ours: str, node_exporter: str) -> None:
+    """Our families equal node_exporter's with the prefix swapped: names, types,
+    help texts, labels and values; ADDED_FAMILIES come on top."""
+    their_metas, their_samples = parsed(node_exporter, prefix="node_")
+    our_metas, our_samples = parsed(ours)
     added = {meta for meta in our_metas if meta[0] in ADDED_FAMILIES}
     assert {meta[0] for meta in added} == ADDED_FAMILIES
-    assert our_metas - added == golden_metas
-    assert {s for s in our_samples if s[0].removesuffix("_total") not in ADDED_FAMILIES} == (
-        golden_samples
+    assert our_metas - added == their_metas
+    kept = {s for s in our_samples if s[0].removesuffix("_total") not in ADDED_FAMILIES}
+    assert kept == their_samples
+
+
+def test_the_procfs_fixture_tree_exports_exactly_what_node_exporter_1_5_reports() -> None:
+    assert_same_as_node_exporter(render(read(FIXTURE)), GOLDEN.read_text())
+
+
+def scrape_node_exporter(sysfs_root: Path) -> str:
+    """node_exporter's infiniband output for a tree, served on a free loopback port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        listen = f"127.0.0.1:{probe.getsockname()[1]}"
+    command = [
+        str(NODE_EXPORTER),
+        "--collector.disable-defaults",
+        "--collector.infiniband",
+        f"--path.sysfs={sysfs_root}",
+        "--web.disable-exporter-metrics",
+        f"--web.listen-address={listen}",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # up to ~10 s for it to listen
+            try:
+                with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as response:
+                    text: str = response.read().decode()
+                    return text
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"node_exporter did not answer on {listen}")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.skipif(not NODE_EXPORTER.exists(), reason="node_exporter is not installed")
+def test_node_exporter_reads_a_simulated_hgx_node_exactly_as_we_do(tmp_path: Path) -> None:
+    fault = "{at: 0s, kind: ib_symbol_errors, hca: mlx5_3, port: 1, rate: 50/s}"
+    scenario = parse(f"node: {{hcas: 8}}\nfaults:\n  - {fault}")
+    SimulatedFabric(scenario, tmp_path, 0.0).advance(600.0)
+    node_exporter = scrape_node_exporter(tmp_path)
+    infiniband_only = "\n".join(
+        line for line in node_exporter.splitlines() if "node_infiniband_" in line
     )
+    assert "node_infiniband_symbol_error_total" in infiniband_only
+    assert_same_as_node_exporter(render(read(tmp_path)), infiniband_only + "\n")
 
 
 @pytest.mark.skipif(not PROMTOOL.exists(), reason="promtool is not installed")
