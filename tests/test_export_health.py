@@ -1,0 +1,128 @@
+"""Health metric families: states, findings, quarantines and measurements,
+rendered from a Snapshot and checked by promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from gpu_history import T0
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from gpuwatchd.export.health import families
+from gpuwatchd.model import Finding, Health, Measurement, Quarantine, Severity
+from gpuwatchd.snapshot import Snapshot
+
+SNAPSHOT = Snapshot(
+    time=T0,
+    findings=(
+        Finding("nvlink:5/7", "nvlink", "nvlink_crc_storm", Severity.CRITICAL, "storm"),
+        Finding("gpu:1", "thermal", "thermal_throttling", Severity.WARN, "hot"),
+        Finding("gpu:4", "xid", "xid_application", Severity.OK, "XID 13"),
+    ),
+    measurements=(
+        Measurement("gpu_clock_drift_ratio", {"gpu": "0", "uuid": "GPU-0000"}, 1.01),
+        Measurement("gpu_clock_drift_ratio", {"gpu": "5"}, 0.72),
+        Measurement(
+            "gpu_throttle_ratio", {"gpu": "1", "uuid": "GPU-0001", "reason": "thermal"}, 0.4
+        ),
+    ),
+    health={
+        "gpu:1": Health.DEGRADED,
+        "gpu:3": Health.QUARANTINED,
+        "nvlink:5/7": Health.UNHEALTHY,
+        "node": Health.DEGRADED,
+    },
+    node_health=Health.DEGRADED,
+    quarantines=(
+        Quarantine(
+            "gpu:3", "row_remap_failure", "auto", T0, hardware=True, code="row_remap_failure"
+        ),
+        Quarantine("gpu:6", "fan noise", "manual", T0, operator="alice"),
+        Quarantine("nvlink:5/7", "nvlink_crc_storm", "auto", T0, dry_run=True),
+    ),
+)
+
+
+class _Families(Collector):
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in families(self.snapshot) if family.samples)
+
+
+def render(snapshot: Snapshot) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(snapshot))
+    return generate_latest(registry).decode()
+
+
+def lines(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def test_each_subject_has_one_series_per_state_with_1_for_the_current_one() -> None:
+    text = render(SNAPSHOT)
+    gpu3 = [line for line in lines(text, "gpuwatchd_health_state") if 'subject="gpu:3"' in line]
+    assert len(gpu3) == len(Health)
+    assert 'gpuwatchd_health_state{state="quarantined",subject="gpu:3"} 1.0' in gpu3
+    assert 'gpuwatchd_health_state{state="healthy",subject="gpu:3"} 0.0' in gpu3
+    assert 'gpuwatchd_node_health_state{state="degraded"} 1.0' in text
+
+
+def test_only_active_findings_are_exported() -> None:
+    text = render(SNAPSHOT)
+    assert lines(text, "gpuwatchd_finding") == [
+        'gpuwatchd_finding{check="thermal",code="thermal_throttling",severity="warn",'
+        'subject="gpu:1"} 1.0',
+        'gpuwatchd_finding{check="nvlink",code="nvlink_crc_storm",severity="critical",'
+        'subject="nvlink:5/7"} 1.0',
+    ]
+
+
+def test_dry_run_quarantines_have_a_family_of_their_own() -> None:
+    text = render(SNAPSHOT)
+    assert lines(text, "gpuwatchd_quarantined") == [
+        'gpuwatchd_quarantined{reason="row_remap_failure",source="auto",subject="gpu:3"} 1.0',
+        'gpuwatchd_quarantined{reason="fan noise",source="manual",subject="gpu:6"} 1.0',
+    ]
+    assert lines(text, "gpuwatchd_quarantined_dry_run") == [
+        'gpuwatchd_quarantined_dry_run{reason="nvlink_crc_storm",source="auto",'
+        'subject="nvlink:5/7"} 1.0'
+    ]
+
+
+def test_measurements_become_gauges_with_a_common_label_set() -> None:
+    text = render(SNAPSHOT)
+    assert lines(text, "gpuwatchd_gpu_clock_drift_ratio") == [
+        'gpuwatchd_gpu_clock_drift_ratio{gpu="0",uuid="GPU-0000"} 1.01',
+        'gpuwatchd_gpu_clock_drift_ratio{gpu="5",uuid=""} 0.72',
+    ]
+    assert lines(text, "gpuwatchd_gpu_throttle_ratio") == [
+        'gpuwatchd_gpu_throttle_ratio{gpu="1",reason="thermal",uuid="GPU-0001"} 0.4'
+    ]
+
+
+def test_an_empty_snapshot_exports_only_the_node_state() -> None:
+    text = render(Snapshot(time=T0))
+    names = {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert names == {"gpuwatchd_node_health_state"}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_the_rendered_families_pass_promtool() -> None:
+    checked = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=render(SNAPSHOT),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout + checked.stderr == ""
