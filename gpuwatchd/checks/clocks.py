@@ -15,7 +15,13 @@ import statistics
 from dataclasses import dataclass
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import gpu_labels, gpu_subject, samples_between, windows
+from gpuwatchd.checks.common import (
+    gpu_labels,
+    gpu_subject,
+    samples_between,
+    tail_from,
+    windows,
+)
 from gpuwatchd.history import History
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
@@ -124,9 +130,10 @@ def _window_clocks(
 ) -> dict[int, _Clock]:
     means: dict[int, tuple[float, float | None]] = {}
     for index in history.gpu_indices():
+        recent = tail_from(history.gpu(index), start)
         busy = [
             sample
-            for _, sample in samples_between(history.gpu(index), start, end)
+            for _, sample in samples_between(recent, start, end)
             if _unexplained_busy(sample, config)
         ]
         clocks = [sample.sm_clock_hertz for sample in busy if sample.sm_clock_hertz is not None]

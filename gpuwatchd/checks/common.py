@@ -7,6 +7,7 @@ in, so consecutive windows never count the same interval twice.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -47,6 +48,13 @@ def samples_between(
     return [(time, sample) for time, sample in samples if start < time <= end]
 
 
+def tail_from(samples: Sequence[tuple[float, T]], start: float) -> Sequence[tuple[float, T]]:
+    """The samples from the last one at or before `start` on (all, when none
+    is that old): what every window from `start` on needs, and no more."""
+    first = bisect_right([time for time, _ in samples], start)
+    return samples[max(0, first - 1) :]
+
+
 def points_between(points: Sequence[Point], start: float, end: float) -> list[Point]:
     """The counter points that bound the intervals ending in (start, end]: the
     last point at or before `start`, then every point up to `end`.
@@ -54,9 +62,7 @@ def points_between(points: Sequence[Point], start: float, end: float) -> list[Po
     Unlike `counters.window`, a point exactly at `start` opens the window by
     itself, so the interval before it is not counted in this window as well.
     """
-    inside = [(time, value) for time, value in points if start < time <= end]
-    before = [(time, value) for time, value in points if time <= start]
-    return before[-1:] + inside
+    return [(time, value) for time, value in tail_from(points, start) if time <= end]
 
 
 def increase_between(points: Sequence[Point], start: float, end: float) -> Increase:

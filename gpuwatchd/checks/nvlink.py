@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import increase_between, link_subject, windows
+from gpuwatchd.checks.common import increase_between, link_subject, tail_from, windows
 from gpuwatchd.history import History, series
 from gpuwatchd.model import Action, Finding, GpuSample, LinkSample, Severity
 from gpuwatchd.settings import PerSecond, Seconds
@@ -79,11 +79,10 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
         if latest is None or not latest.up:
             continue
         samples = history.gpu(index)
-        current = {link.link: link for link in latest.nvlinks}
-        for number in sorted(current):
-            links = _link_series(samples, number)
-            findings.extend(_down(current[number], links))
-            findings.extend(_errors(current[number], links, now, config))
+        recent = tail_from(samples, now - config.window * config.storm_windows)
+        for link in latest.nvlinks:
+            findings.extend(_down(link, samples))
+            findings.extend(_errors(link, _link_series(recent, link.link), now, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -97,11 +96,13 @@ def _link(number: int, sample: GpuSample) -> LinkSample | None:
     return next((link for link in sample.nvlinks if link.link == number), None)
 
 
-def _down(link: LinkSample, links: Sequence[tuple[float, LinkSample | None]]) -> Iterator[Finding]:
+def _down(link: LinkSample, samples: Sequence[tuple[float, GpuSample]]) -> Iterator[Finding]:
+    if link.up is not False:
+        return
     # A link that was never seen up may be unconnected by design: only a link
     # that was up earlier is one that should be up.
-    was_up = any(earlier is not None and earlier.up for _, earlier in links[:-1])
-    if link.up is False and was_up:
+    earlier = _link_series(samples[:-1], link.link)
+    if any(before is not None and before.up for _, before in earlier):
         yield Finding(
             subject=link_subject(link.gpu, link.link),
             check=NAME,
