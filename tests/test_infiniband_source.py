@@ -25,7 +25,7 @@ from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import infiniband
-from gpuwatchd.sources.infiniband import InfinibandSource, parse_rate, parse_state
+from gpuwatchd.sources.infiniband import InfinibandSource, parse_counter, parse_rate, parse_state
 
 FIXTURE = Path("/work/shared/external/procfs-sysfs")
 GOLDEN = Path(__file__).parent / "golden" / "node_exporter_1.5.0_infiniband.prom"
@@ -410,3 +410,13 @@ def test_states_parse_into_number_and_name() -> None:
     assert parse_state("6: LinkErrorRecovery") == (6, "LinkErrorRecovery")
     with pytest.raises(ValueError):
         parse_state("ACTIVE")
+
+
+@pytest.mark.parametrize("text", ["N/A (no PMA)", "", "-1", "12a", "0x10", "\u0663"])
+def test_a_counter_that_is_not_a_decimal_count_is_rejected(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_counter(text)
+
+
+def test_a_counter_parses_with_its_newline() -> None:
+    assert parse_counter("18446744073709551615\n") == 2**64 - 1

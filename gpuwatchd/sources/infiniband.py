@@ -68,7 +68,6 @@ _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 # the number is read as Gb/s whatever the case of the unit: the kernel's
 # rate_show writes only `Gb/sec`, and the `GB/sec` spelling is seen with 0.
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec\b")
-_COUNTER_RE = re.compile(r"^\s*(\d+)\s*$")
 BYTES_PER_GIGABIT = 125_000_000
 
 # Errors that mean the file (or the device under it) is gone, not unreadable.
@@ -106,11 +105,12 @@ def parse_rate(text: str) -> float:
 
 
 def parse_counter(text: str) -> int:
-    """A non-negative decimal count; anything else (`N/A (no PMA)`, empty) is an error."""
-    match = _COUNTER_RE.match(text)
-    if match is None:
+    """A non-negative decimal count; anything else (`N/A (no PMA)`, `-1`) is an error."""
+    digits = text.strip()
+    # isascii: str.isdigit alone also accepts digits of other scripts.
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(f"not a number: {text!r}")
-    return int(match.group(1))
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,8 @@ class InfinibandSource:
     def _counters(self, attempt: _Attempt, directory: str) -> dict[str, int]:
         values: dict[str, int] = {}
         for name in attempt.listing(directory):
-            value = self._parsed(attempt, os.path.join(directory, name), parse_counter)
+            # Plain concatenation: this loop reads most of the files of a poll.
+            value = self._parsed(attempt, f"{directory}/{name}", parse_counter)
             if value is not None:
                 values[name] = value
         return values

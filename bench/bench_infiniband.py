@@ -1,0 +1,218 @@
+"""Benchmark: one full read and render of an 8-HCA node, gpuwatchd vs node_exporter.
+
+Usage:
+
+    /tmp/venv/bin/python bench/bench_infiniband.py [--rounds 300]
+        [--node-exporter /usr/bin/prometheus-node-exporter]
+
+Writes the sysfs tree of a simulated HGX node (8 ConnectX-7 HCAs, one 400G
+NDR port each, some minutes into a training run) to a temporary folder, then
+times in the same run:
+
+- gpuwatchd in process: `InfinibandSource.poll` plus prometheus_client's
+  `generate_latest` over a registry holding a collector that renders
+  `gpuwatchd.export.infiniband.families`, and each half alone (the daemon
+  reads once per poll and renders a held snapshot per scrape);
+- gpuwatchd over HTTP: the same collector served by prometheus_client on
+  loopback, one read and render per scrape;
+- node_exporter over HTTP: `--collector.disable-defaults --collector.infiniband
+  --path.sysfs=<tree> --web.disable-exporter-metrics` on loopback, with the
+  collector's own `node_scrape_collector_duration_seconds` as well.
+
+Prints the median and 90th percentile of each and the ratios gpuwatchd /
+node_exporter (HTTP against HTTP, in process against node_exporter's collector).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwatchd.config import InfinibandSourceConfig
+from gpuwatchd.export.infiniband import families
+from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.scenario import parse
+from gpuwatchd.snapshot import Snapshot
+from gpuwatchd.sources.infiniband import InfinibandSource
+
+SCENARIO = """
+node: {gpus: 8, hcas: 8}
+seed: 1
+faults:
+  - {at: 60s, kind: ib_symbol_errors, hca: mlx5_2, port: 1, rate: 50/s}
+"""
+WARMUP = 20
+
+
+def snapshot_of(source: InfinibandSource) -> Snapshot:
+    reading = source.poll(time.time())
+    return Snapshot(
+        time=reading.time,
+        infiniband_devices=reading.infiniband_devices or (),
+        ports=reading.ports or (),
+    )
+
+
+class ReadAndRender:
+    """A collector that reads the tree on every collect, as node_exporter does."""
+
+    def __init__(self, source: InfinibandSource) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(snapshot_of(self.source))
+
+
+class Held:
+    """A collector that renders one snapshot, as the daemon's exporter does."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.snapshot)
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def wait_for(url: str) -> None:
+    for _ in range(200):  # up to ~10 s
+        try:
+            fetch(url)
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing answered at {url}")
+
+
+def timed(rounds: int, action: Callable[[], object]) -> list[float]:
+    for _ in range(WARMUP):
+        action()
+    durations = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        action()
+        durations.append(time.perf_counter() - start)
+    return durations
+
+
+def infiniband_series(text: str, prefix: str) -> int:
+    return sum(
+        len(family.samples)
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith(prefix)
+    )
+
+
+def collector_seconds(text: str) -> float:
+    for family in text_string_to_metric_families(text):
+        if family.name == "node_scrape_collector_duration_seconds":
+            return float(family.samples[0].value)
+    raise SystemExit("node_exporter did not report its collector duration")
+
+
+def summary(label: str, durations: list[float]) -> float:
+    median = statistics.median(durations)
+    p90 = statistics.quantiles(durations, n=10)[-1]
+    print(f"{label:<46} median {median * 1e3:8.3f} ms   p90 {p90 * 1e3:8.3f} ms")
+    return median
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
+    arguments = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-ib-") as directory:
+        root = Path(directory)
+        SimulatedFabric(parse(SCENARIO), root, 0.0).advance(600.0)
+        source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(root)))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ReadAndRender(source))
+
+        ours_port = free_loopback_port()
+        server, thread = start_http_server(ours_port, addr="127.0.0.1", registry=registry)
+        ours_url = f"http://127.0.0.1:{ours_port}/metrics"
+        theirs_url = f"http://127.0.0.1:{free_loopback_port()}/metrics"
+        command = [
+            arguments.node_exporter,
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--path.sysfs={root}",
+            "--web.disable-exporter-metrics",
+            f"--web.listen-address={theirs_url.split('/')[2]}",
+        ]
+        node_exporter = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            wait_for(ours_url)
+            wait_for(theirs_url)
+            ours_text = generate_latest(registry).decode()
+            theirs_text = fetch(theirs_url)
+            print(
+                f"8 HCAs: gpuwatchd {infiniband_series(ours_text, 'gpuwatchd_infiniband_')} "
+                f"series ({len(ours_text)} bytes), node_exporter "
+                f"{infiniband_series(theirs_text, 'node_infiniband_')} series "
+                f"({len(theirs_text)} bytes); {arguments.rounds} rounds each\n"
+            )
+            in_process = summary(
+                "gpuwatchd read + render, in process",
+                timed(arguments.rounds, lambda: generate_latest(registry)),
+            )
+            # The daemon reads once per poll and renders its held snapshot per
+            # scrape; these are the two halves.
+            summary("  of which the read (poll)", timed(arguments.rounds, lambda: source.poll(0.0)))
+            held = CollectorRegistry(auto_describe=False)
+            held.register(Held(snapshot_of(source)))
+            summary(
+                "  of which the render (held snapshot)",
+                timed(arguments.rounds, lambda: generate_latest(held)),
+            )
+            ours_http = summary(
+                "gpuwatchd scrape over HTTP", timed(arguments.rounds, lambda: fetch(ours_url))
+            )
+            scrapes: list[str] = []
+            theirs_http = summary(
+                "node_exporter scrape over HTTP",
+                timed(arguments.rounds, lambda: scrapes.append(fetch(theirs_url))),
+            )
+            collector = summary(
+                "node_exporter infiniband collector (self-reported)",
+                [collector_seconds(text) for text in scrapes[-arguments.rounds :]],
+            )
+        finally:
+            node_exporter.terminate()
+            node_exporter.wait(timeout=10)
+            server.shutdown()
+            thread.join(timeout=10)
+        print(
+            f"\nratio gpuwatchd / node_exporter: HTTP scrape {ours_http / theirs_http:.2f}x, "
+            f"read + render vs collector {in_process / collector:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
