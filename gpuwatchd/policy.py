@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from gpuwatchd.history import History
 from gpuwatchd.model import Decision, Finding, Health, Quarantine, Severity
@@ -149,10 +149,15 @@ class PolicyResult:
         return self.state.quarantines
 
 
+# The decision of a manual operation: always one for a quarantine, None for
+# the release of a subject that was not quarantined.
+D = TypeVar("D", bound=Decision | None)
+
+
 @dataclass(frozen=True)
-class ManualResult:
+class ManualResult(Generic[D]):
     state: PolicyState
-    decision: Decision | None  # None: nothing to release
+    decision: D
 
 
 def validate_subject(subject: str) -> str:
@@ -286,7 +291,7 @@ def _settle_all(
 
 def quarantine_manually(
     prior: PolicyState, subject: str, reason: str, operator: str, now: float
-) -> ManualResult:
+) -> ManualResult[Decision]:
     """An operator's quarantine. It replaces any automatic one (keeping its
     hardware flag) and only a manual release ends it."""
     validate_subject(subject)
@@ -315,7 +320,7 @@ def quarantine_manually(
 
 def release_manually(
     prior: PolicyState, subject: str, operator: str, now: float, reason: str = ""
-) -> ManualResult:
+) -> ManualResult[Decision | None]:
     """An operator's release, of any quarantine (hardware ones included: the
     operator has repaired or replaced the part). The findings active now are
     acknowledged: they no longer quarantine the subject until they clear."""

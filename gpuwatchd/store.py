@@ -30,6 +30,7 @@ from typing import Any
 from gpuwatchd.checks.xid import BootRecord, BootXid
 from gpuwatchd.model import Decision, GpuSample, LinkSample, PortSample, Quarantine, Reading
 from gpuwatchd.policy import (
+    D,
     ManualResult,
     PolicyResult,
     PolicyState,
@@ -228,12 +229,9 @@ class Store:
 
     def quarantine(self, subject: str, reason: str, operator: str, now: float) -> Decision:
         """Quarantine a subject by hand (the CLI, with or without the daemon)."""
-        decision = self._manual(
+        return self._manual(
             lambda state: quarantine_manually(state, subject, reason, operator, now), operator
         )
-        if decision is None:
-            raise AssertionError("a manual quarantine always decides")
-        return decision
 
     def release(self, subject: str, operator: str, now: float, reason: str = "") -> Decision | None:
         """Release a subject by hand; None when it was not quarantined."""
@@ -271,19 +269,17 @@ class Store:
     def boot_record(self, boots: int = 16) -> BootRecord:
         """The last `boots` boots (the current one last) and the XIDs seen in them."""
         with self._reading() as db:
-            rows = db.execute(
-                "SELECT boot_id FROM (SELECT boot_id, seq FROM boots ORDER BY seq DESC LIMIT ?)"
-                " ORDER BY seq",
+            recent = "SELECT boot_id, seq FROM boots ORDER BY seq DESC LIMIT ?"
+            rows = db.execute(f"SELECT boot_id FROM ({recent}) ORDER BY seq", (boots,)).fetchall()
+            xids = db.execute(
+                "SELECT boot_id, gpu, uuid, code FROM boot_xids"
+                f" WHERE boot_id IN (SELECT boot_id FROM ({recent}))",
                 (boots,),
             ).fetchall()
-            boot_ids = tuple(row["boot_id"] for row in rows)
-            xids = db.execute("SELECT boot_id, gpu, uuid, code FROM boot_xids").fetchall()
         return BootRecord(
-            boot_ids=boot_ids,
+            boot_ids=tuple(row["boot_id"] for row in rows),
             xids=tuple(
-                BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"])
-                for row in xids
-                if row["boot_id"] in boot_ids
+                BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"]) for row in xids
             ),
         )
 
@@ -385,16 +381,13 @@ class Store:
                     self._db.execute("ROLLBACK")
                 raise
 
-    def _manual(
-        self, change: Callable[[PolicyState], ManualResult], operator: str
-    ) -> Decision | None:
+    def _manual(self, change: Callable[[PolicyState], ManualResult[D]], operator: str) -> D:
         with self._writing() as db:
             result = change(self._state(db))
-            if result.decision is None:
-                return None
-            self._write_state(db, result.state)
-            db.execute("UPDATE policy_state SET revision = revision + 1")
-            _journal_decision(db, result.decision, operator)
+            if result.decision is not None:
+                self._write_state(db, result.state)
+                db.execute("UPDATE policy_state SET revision = revision + 1")
+                _journal_decision(db, result.decision, operator)
             return result.decision
 
     @staticmethod
