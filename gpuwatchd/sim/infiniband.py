@@ -37,7 +37,8 @@ NO_LINK_RATE = "10 Gb/sec (4X SDR)"
 ACTIVE, LINK_UP = "4: ACTIVE", "5: LinkUp"
 DOWN, POLLING = "1: DOWN", "2: Polling"
 
-# ConnectX-7 single-port 400G (the HCAs of an HGX H100 node): PCI device 4129.
+# ConnectX-7, the 400G HCA of HGX H100 nodes: hca_type is its PCI device id
+# (0x1021 = 4129), board_id a PSID in the MT_ form the firmware reports.
 BOARD_ID = "MT_0000000838"
 HCA_TYPE = "MT4129"
 FIRMWARE_VERSION = "28.39.1002"

@@ -34,9 +34,9 @@ CLASS_PATH = ("class", "infiniband")
 
 # Widths of the IBTA PortCounters behind each `counters/` file (the kernel's
 # PORT_PMA_ATTR table in drivers/infiniband/core/sysfs.c). They clamp at
-# 2**bits - 1 instead of wrapping. The data and packet counters are read from
-# PortCountersExtended (64 bits) on every HCA of this decade, so they have no
-# entry: they do not saturate in practice.
+# 2**bits - 1 instead of wrapping. The data and packet counters have no entry:
+# where the HCA offers PortCountersExtended (mlx5 does) the kernel shows their
+# 64-bit versions, which do not fill up in practice.
 COUNTER_BITS: Mapping[str, int] = MappingProxyType(
     {
         "symbol_error": 16,
@@ -66,7 +66,7 @@ DEVICE_FILES = ("board_id", "fw_ver", "hca_type", "node_guid")
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 # `400 Gb/sec (4X NDR)`, `2.5 Gb/sec (1X SDR)`, `0 GB/sec`. Like node_exporter,
 # the number is read as Gb/s whatever the case of the unit: the kernel's
-# rate_show writes only `Gb/sec`, and the `GB/sec` spelling is seen with 0.
+# rate_show writes `Gb/sec`, and `0 GB/sec` (no rate) is 0 in either unit.
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec\b")
 BYTES_PER_GIGABIT = 125_000_000
 
