@@ -335,20 +335,20 @@ def test_the_config_rejects_values_that_cannot_work(settings: dict[str, object])
 
 # The block for config/gpuwatchd.yaml under `checks: infiniband:`.
 DOCUMENTED_YAML = """
-expected_ports: []              # device/port patterns that must be up (mlx5_*/1)
-expect_ports_seen_active: true  # also every port seen ACTIVE in history
-min_rate_gbps: 0                # lowest acceptable link rate in Gb/s (0: highest rate seen)
-flap_window: 1h                 # link_downed + link_error_recovery increments counted over this
-flap_warn_count: 1              # this many flap events warn
-flap_critical_count: 3          # this many are critical
-ber_window: 10m                 # bit error rates judged over this
-ber_min_span: 1m                # no BER verdict on less data than this
-symbol_ber_warn: 1.0e-12        # symbol errors per bit: IBTA limit, ibdiagnet default
-symbol_ber_critical: 1.0e-10
-receive_ber_warn: 1.0e-12       # receive-side errors per bit
-receive_ber_critical: 1.0e-10
-congestion_window: 5m           # congestion and discards judged over this
-xmit_wait_bytes_per_tick: 8     # port time one port_xmit_wait tick stands for (Tick+1)
+expected_ports: []              # device/port patterns that must be up, e.g. [mlx5_*/1]
+expect_ports_seen_active: true  # also expect every port seen ACTIVE in history to stay up
+min_rate_gbps: 0                # lowest acceptable rate of an expected port, Gb/s (0: highest seen)
+flap_window: 1h                 # window for link_downed + link_error_recovery increments
+flap_warn_count: 1              # flap events in the window that warn
+flap_critical_count: 3          # flap events in the window that are critical
+ber_window: 10m                 # window for bit error rates (ibdiagnet measures 5-10 min)
+ber_min_span: 1m                # no BER verdict on less history than this
+symbol_ber_warn: 1.0e-12        # symbol errors per bit that warn (IBTA limit, ibdiagnet default)
+symbol_ber_critical: 1.0e-10    # symbol errors per bit that are critical (100x the limit)
+receive_ber_warn: 1.0e-12       # receive-side errors per bit that warn
+receive_ber_critical: 1.0e-10   # receive-side errors per bit that are critical
+congestion_window: 5m           # window for port_xmit_wait and port_xmit_discards
+xmit_wait_bytes_per_tick: 8     # port time one port_xmit_wait tick stands for (perfquery Tick+1)
 xmit_wait_warn_ratio: 0.1       # share of time waiting for credits that warns
 xmit_discards_warn_count: 1     # transmit discards in the window that warn
 """
