@@ -65,7 +65,7 @@ class CanaryResult:
     temperature_celsius: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
-    error: str | None = None
+    message: str | None = None  # why it did not pass: the error, the timeout, the digest
 
     @property
     def target(self) -> str:
@@ -105,5 +105,5 @@ def failed(
         gpu=gpu,
         cpu_core=cpu_core,
         backend=backend,
-        error=message,
+        message=message,
     )

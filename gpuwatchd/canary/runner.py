@@ -169,7 +169,8 @@ class _Worker:
         return f"worker {how}" + (f": {tail}" if tail else "")
 
 
-def _stamp(result: CanaryResult, clock: Clock, telemetry: TelemetrySource) -> CanaryResult:
+def stamp(result: CanaryResult, clock: Clock, telemetry: TelemetrySource) -> CanaryResult:
+    """The result as received now: the caller's time, the GPU's telemetry."""
     reading = telemetry(result.gpu) if result.gpu is not None and result.cpu_core is None else None
     return replace(
         result,
@@ -217,7 +218,7 @@ def run_burst(
             backend=request.backend,
             duration_seconds=time.monotonic() - progress.since,
         )
-        results.append(_stamp(replace(result, uuid=request.uuid), clock, telemetry))
+        results.append(stamp(replace(result, uuid=request.uuid), clock, telemetry))
         if on_result is not None:
             on_result(results[-1])
 
@@ -231,7 +232,7 @@ def run_burst(
                 spec, core = event["start"]
                 progress = _Progress(spec, core, time.monotonic())
             else:
-                result = _stamp(event["result"], clock, telemetry)
+                result = stamp(event["result"], clock, telemetry)
                 results.append(result)
                 progress = None
                 if on_result is not None:
@@ -273,7 +274,7 @@ def fail_on_xids(outcome: BurstOutcome, events: Iterable[XidEvent]) -> BurstOutc
     if gpu is None or not xids:
         return outcome
     message = f"XID {', '.join(map(str, xids))} during the burst"
-    results = tuple(replace(result, result="error", error=message) for result in outcome.results)
+    results = tuple(replace(result, result="error", message=message) for result in outcome.results)
     return replace(outcome, results=results)
 
 
@@ -305,3 +306,25 @@ def probe_cuda(timeout: float) -> tuple[ProbedGpu, ...]:
     if status != 0:
         raise RuntimeError(f"no CUDA backend: {worker.why_it_ended(status)}")
     return tuple(gpus)
+
+
+def choose_gpu_backend(
+    setting: str, simulated: bool, probe_timeout: float
+) -> tuple[BackendKind | None, str]:
+    """Which backend checks the GPUs, and why. A simulated node's GPUs are
+    stood in for by the CPU backend; a real GPU only by CUDA, never by the
+    CPU (so `cpu` checks the host's cores alone), and `auto` takes CUDA when
+    a worker finds CuPy and a GPU."""
+    if simulated:
+        return "cpu", "the CPU backend stands in for the simulated GPUs"
+    if setting == "cuda":
+        return "cuda", "the cuda backend was asked for"
+    if setting == "cpu":
+        return None, "the cpu backend checks the host's cores only"
+    try:
+        gpus = probe_cuda(probe_timeout)
+    except RuntimeError as error:
+        return None, str(error)
+    if not gpus:
+        return None, "CUDA sees no GPU"
+    return "cuda", f"CUDA sees {len(gpus)} GPU(s)"

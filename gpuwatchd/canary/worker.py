@@ -23,11 +23,12 @@ from typing import Any
 
 from gpuwatchd.canary.backend import Backend, open_backend
 from gpuwatchd.canary.inject import FaultyBackend
-from gpuwatchd.canary.result import failed
-from gpuwatchd.canary.runner import BurstRequest, ProbedGpu
+from gpuwatchd.canary.result import CanaryResult, TelemetrySource, failed, no_telemetry
+from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, ProbedGpu, stamp
 from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.canary.suite import ReferenceCache, RunContext, run_canary
 from gpuwatchd.canary.wire import from_wire, to_wire
+from gpuwatchd.clock import Clock
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -61,18 +62,22 @@ def execute(request: BurstRequest, emit: Emit) -> None:
         )
         return
     cache = ReferenceCache(request.reference_cache)
-    for core in request.cpu_cores or (None,):
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-        context = RunContext(cache, request.gpu, request.uuid, core, request.hbm_free_fraction)
-        for spec in request.specs:
-            emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
-            try:
-                result = run_canary(backend, spec, context)
-            except Exception as error:  # any device failure is this canary's error
-                _report_error(request, spec, core, error, emit)
-                return
-            emit({"event": "result", "result": to_wire(result)})
+    affinity = os.sched_getaffinity(0)
+    try:
+        for core in request.cpu_cores or (None,):
+            if core is not None:
+                os.sched_setaffinity(0, {core})
+            context = RunContext(cache, request.gpu, request.uuid, core, request.hbm_free_fraction)
+            for spec in request.specs:
+                emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
+                try:
+                    result = run_canary(backend, spec, context)
+                except Exception as error:  # any device failure is this canary's error
+                    _report_error(request, spec, core, error, emit)
+                    return
+                emit({"event": "result", "result": to_wire(result)})
+    finally:
+        os.sched_setaffinity(0, affinity)
 
 
 def _report_error(
@@ -81,6 +86,27 @@ def _report_error(
     message = f"{type(error).__name__}: {error}"
     result = failed(spec, "error", message, gpu=request.gpu, cpu_core=core, backend=request.backend)
     emit({"event": "result", "result": to_wire(replace(result, uuid=request.uuid))})
+
+
+def run_in_process(
+    request: BurstRequest,
+    *,
+    timeout: float,
+    clock: Clock,
+    telemetry: TelemetrySource = no_telemetry,
+) -> BurstOutcome:
+    """The burst in the calling process, without the runner's timeout (which
+    it accepts to stand in for run_burst): for tests and the benchmark,
+    never for a real GPU."""
+    started = clock.now()
+    results: list[CanaryResult] = []
+
+    def collect(message: dict[str, Any]) -> None:
+        if message["event"] == "result":
+            results.append(stamp(from_wire(CanaryResult, message["result"]), clock, telemetry))
+
+    execute(request, collect)
+    return BurstOutcome(request, tuple(results), started, clock.now())
 
 
 def probe(emit: Emit) -> None:

@@ -1,0 +1,300 @@
+"""The daemon's side of the canaries.
+
+Call `CanaryAgent.poll(gpus, xid_events)` once per daemon poll with the
+latest GPU samples and the recent XID events. It collects the bursts that
+finished since (failing those an XID hit, judging full-mantissa GEMMs across
+GPUs, counting everything into the stats, feeding mismatches to the
+confirmation), starts the confirmation re-runs and the bursts that are due,
+and returns the findings and the stats to export. It never blocks on a
+burst: bursts run in worker processes, waited on by a thread pool.
+
+Holds the only mutable canary state of the daemon; every decision in it is
+made by the pure functions of schedule.py, crosscheck.py and confirm.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from gpuwatchd.canary import schedule
+from gpuwatchd.canary.config import CanaryConfig
+from gpuwatchd.canary.confirm import ConfirmState, Rerun, findings, observe, observe_rerun
+from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
+from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.result import Telemetry, TelemetrySource, failed
+from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, fail_on_xids, run_burst
+from gpuwatchd.canary.spec import BackendKind, CanarySpec, default_suite, host_suite
+from gpuwatchd.canary.stats import CanaryStats
+from gpuwatchd.clock import Clock
+from gpuwatchd.model import Finding, GpuSample, XidEvent
+
+log = logging.getLogger(__name__)
+
+# Bursts that may run at once: one per GPU and one for the host's cores.
+MAX_CONCURRENT_BURSTS = 65
+
+
+class BurstRunner(Protocol):
+    def __call__(
+        self,
+        request: BurstRequest,
+        *,
+        timeout: float,
+        clock: Clock,
+        telemetry: TelemetrySource,
+    ) -> BurstOutcome: ...
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The simulated GPU the CPU backend stands in for."""
+
+    model: str
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class CanaryView:
+    findings: tuple[Finding, ...]
+    stats: CanaryStats
+
+
+@dataclass(frozen=True)
+class _Job:
+    future: Future[BurstOutcome]
+    rerun: Rerun | None
+
+
+def _no_faults(gpu: int) -> tuple[FaultSpec, ...]:
+    return ()
+
+
+def idle(sample: GpuSample, config: CanaryConfig) -> bool:
+    """Idle by NVML's utilisation; unknown utilisation is busy."""
+    ratio = sample.utilization_gpu_ratio
+    return ratio is not None and ratio <= config.idle_utilization
+
+
+class CanaryAgent:
+    def __init__(
+        self,
+        config: CanaryConfig,
+        clock: Clock,
+        *,
+        gpu_backend: BackendKind | None,
+        host_cores: Collection[int] = (),
+        stand_in: StandIn | None = None,
+        faults: Callable[[int], tuple[FaultSpec, ...]] = _no_faults,
+        digest_path: str | None = None,
+        runner: BurstRunner = run_burst,
+    ) -> None:
+        """`gpu_backend` checks the GPUs (None: no GPU canaries, see
+        runner.choose_gpu_backend); `host_cores` are checked in turn when
+        config.host_cores is on; `stand_in` and `faults` serve simulation;
+        `digest_path` keeps the agreed full-mantissa digests across restarts."""
+        self._config = config
+        self._clock = clock
+        self._gpu_backend = gpu_backend
+        self._cores = tuple(sorted(host_cores)) if config.host_cores else ()
+        self._stand_in = stand_in
+        self._faults = faults
+        self._digest_path = Path(digest_path) if digest_path else None
+        self._runner = runner
+        self._executor = ThreadPoolExecutor(MAX_CONCURRENT_BURSTS, thread_name_prefix="canary")
+        # Swapped whole by poll, read by the burst threads' telemetry.
+        self._samples: Mapping[int, GpuSample] = MappingProxyType({})
+        self._jobs: dict[str, _Job] = {}
+        self._reruns: list[Rerun] = []
+        self._bursts: dict[str, int] = {}
+        self._schedule = schedule.ScheduleState()
+        self._confirm = ConfirmState()
+        self._book = self._load_digests()
+        self._stats = CanaryStats()
+
+    def poll(self, gpus: Sequence[GpuSample], xid_events: Sequence[XidEvent] = ()) -> CanaryView:
+        now = self._clock.now()
+        self._samples = MappingProxyType({gpu.index: gpu for gpu in gpus if gpu.up})
+        if not self._config.enabled:
+            return CanaryView((), self._stats)
+        self._collect(now, xid_events)
+        self._start_reruns(now)
+        self._start_due(now)
+        return CanaryView(findings(self._confirm, now), self._stats)
+
+    def close(self) -> None:
+        """Start nothing more; running bursts end by their own timeout."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _telemetry(self, gpu: int) -> Telemetry:
+        sample = self._samples.get(gpu)
+        if sample is None:
+            return Telemetry()
+        return Telemetry(
+            temperature_celsius=sample.temperature_gpu_celsius,
+            sm_clock_hertz=sample.sm_clock_hertz,
+            memory_clock_hertz=sample.memory_clock_hertz,
+        )
+
+    def _targets(self) -> tuple[str, ...]:
+        gpus = tuple(f"gpu:{i}" for i in sorted(self._samples)) if self._gpu_backend else ()
+        return gpus + tuple(f"cpu:{core}" for core in self._cores)
+
+    def _idle(self, key: str) -> bool:
+        if key == schedule.HOST:
+            return True
+        sample = self._samples.get(int(key.split(":")[1]))
+        return sample is not None and idle(sample, self._config)
+
+    def _collect(self, now: float, xid_events: Sequence[XidEvent]) -> None:
+        targets = self._targets()
+        quorum = 2 if len(self._samples) > 1 else 1
+        for key, job in list(self._jobs.items()):
+            if not job.future.done():
+                continue
+            del self._jobs[key]
+            outcome = fail_on_xids(job.future.result(), xid_events)
+            book, results = crosscheck(self._book, outcome.results, quorum)
+            if book.reference != self._book.reference:
+                self._save_digests(book)
+            self._book = book
+            self._stats = self._stats.add(results)
+            for result in results:
+                if result.result != "pass":
+                    log.warning(
+                        "canary %s on %s: %s %s",
+                        result.canary,
+                        result.target,
+                        result.result,
+                        result.message or "",
+                    )
+            if job.rerun is None:
+                self._confirm, reruns = observe(self._confirm, results, now, self._config, targets)
+            else:
+                self._confirm, reruns = observe_rerun(
+                    self._confirm, job.rerun, results, now, self._config, targets
+                )
+            self._reruns.extend(reruns)
+            self._schedule = schedule.finished(
+                self._config, self._schedule, key, now, outcome.device_seconds
+            )
+
+    def _start_reruns(self, now: float) -> None:
+        waiting: list[Rerun] = []
+        targets = set(self._targets())
+        for rerun in self._reruns:
+            key = schedule.schedule_key(rerun.target)
+            if rerun.target not in targets:
+                continue  # gone from the node: its lead expires unsettled
+            if self._schedule.running(key):
+                waiting.append(rerun)
+                continue
+            self._schedule = schedule.rerun_started(self._schedule, key, now, self._idle(key))
+            self._submit(key, self._request(rerun.target, (rerun.spec,)), rerun)
+        self._reruns = waiting
+
+    def _start_due(self, now: float) -> None:
+        keys = {t for t in self._targets() if t.startswith("gpu:")}
+        if self._cores:
+            keys.add(schedule.HOST)
+        idle = {key: self._idle(key) for key in keys}
+        watching = self._confirm.watched(now)
+        for key in schedule.due(self._config, self._schedule, now, idle, watching):
+            count = self._bursts.get(key, 0)
+            self._bursts[key] = count + 1
+            seed = self._config.seed + count % self._config.seed_rotation
+            self._schedule = schedule.started(self._schedule, key, now, idle[key])
+            self._submit(key, self._request(key, self._suite(key, seed)), None)
+
+    def _suite(self, key: str, seed: int) -> tuple[CanarySpec, ...]:
+        if key == schedule.HOST:
+            return host_suite(seed)
+        assert self._gpu_backend is not None
+        return default_suite(self._gpu_backend, seed, self._config.seed, self._config.hbm_bytes)
+
+    def _request(self, target: str, specs: tuple[CanarySpec, ...]) -> BurstRequest:
+        config = self._config
+        kind, _, index = target.partition(":")
+        if kind != "gpu":
+            cores = (int(index),) if index else self._cores
+            return BurstRequest(
+                "cpu",
+                specs,
+                cpu_cores=cores,
+                reference_cache=config.reference_cache,
+                hbm_free_fraction=config.hbm_free_fraction,
+            )
+        assert self._gpu_backend is not None
+        gpu = int(index)
+        sample = self._samples.get(gpu)
+        return BurstRequest(
+            self._gpu_backend,
+            specs,
+            gpu=gpu,
+            uuid=sample.uuid if sample else None,
+            stand_in_model=self._stand_in.model if self._stand_in else None,
+            stand_in_sm_count=self._stand_in.sm_count if self._stand_in else None,
+            faults=self._faults(gpu),
+            temperature_celsius=sample.temperature_gpu_celsius if sample else None,
+            reference_cache=config.reference_cache,
+            hbm_free_fraction=config.hbm_free_fraction,
+        )
+
+    def _submit(self, key: str, request: BurstRequest, rerun: Rerun | None) -> None:
+        future = self._executor.submit(self._run, request)
+        self._jobs[key] = _Job(future, rerun)
+
+    def _run(self, request: BurstRequest) -> BurstOutcome:
+        started = self._clock.now()
+        try:
+            return self._runner(
+                request,
+                timeout=self._config.timeout,
+                clock=self._clock,
+                telemetry=self._telemetry,
+            )
+        except Exception as error:  # cannot start a worker: the burst failed
+            log.exception("canary burst could not run")
+            first = request.specs[0]
+            core = request.cpu_cores[0] if request.cpu_cores else None
+            result = failed(
+                first,
+                "error",
+                f"the burst could not run: {error}",
+                gpu=request.gpu,
+                cpu_core=core,
+                backend=request.backend,
+            )
+            return BurstOutcome(request, (result,), started, self._clock.now())
+
+    def _load_digests(self) -> DigestBook:
+        if self._digest_path is None:
+            return DigestBook()
+        try:
+            return DigestBook.from_json(self._digest_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return DigestBook()
+        except (OSError, ValueError) as error:
+            log.warning("ignoring canary digests in %s: %s", self._digest_path, error)
+            return DigestBook()
+
+    def _save_digests(self, book: DigestBook) -> None:
+        if self._digest_path is None:
+            return
+        folder = self._digest_path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                "w", dir=folder, delete=False, encoding="utf-8"
+            ) as handle:
+                handle.write(book.to_json())
+            os.replace(handle.name, self._digest_path)
+        except OSError as error:
+            log.warning("cannot keep canary digests in %s: %s", self._digest_path, error)

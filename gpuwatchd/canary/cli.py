@@ -1,0 +1,229 @@
+"""`canary`: run the canary suite once, in the foreground.
+
+For Slurm prolog/epilog scripts and burn-in: runs every canary on the chosen
+GPUs (each in its own worker process, all GPUs at once, with the daemon's
+hard timeout), and with `--gpu all` on the host's CPU cores too, each pinned
+in turn. Exit status, most specific first: 1 when any canary gave a wrong
+answer, 2 when the suite could not run (no backend, no such GPU, a bad
+scenario, a canary that crashed or hung), 0 when everything passed.
+
+`--simulate SCENARIO` runs against a simulated node: the CPU backend stands
+in for each of its GPUs, and its `sdc` faults (all of them, whatever their
+`at`) corrupt the GPUs they name.
+
+A standalone click command: `python -m gpuwatchd.canary.cli`, or a
+subcommand of `gpuwatchd` through `main.add_command(canary)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO
+
+import click
+
+from gpuwatchd.canary.config import CanaryConfig
+from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
+from gpuwatchd.canary.faults import sdc_faults
+from gpuwatchd.canary.result import CanaryResult
+from gpuwatchd.canary.runner import BurstRequest, ProbedGpu, probe_cuda, run_burst
+from gpuwatchd.canary.spec import default_suite, host_suite
+from gpuwatchd.canary.wire import to_wire
+from gpuwatchd.clock import SystemClock
+from gpuwatchd.sim import scenario as scenarios
+
+EXIT_PASS = 0
+EXIT_MISMATCH = 1
+EXIT_CANNOT_RUN = 2
+# SMs of the emulated GPU a simulated node's CPU backend stands in for (an
+# H100 SXM's count); it only places threads for fault injection.
+SIMULATED_SM_COUNT = 132
+# How long finding out whether CUDA is there may take (CuPy's import and the
+# driver's start).
+PROBE_TIMEOUT_S = 60.0
+
+
+class CannotRun(click.ClickException):
+    exit_code = EXIT_CANNOT_RUN
+
+
+@dataclass(frozen=True)
+class Plan:
+    requests: tuple[BurstRequest, ...]
+    timeout: float
+
+
+def _gpu_choice(value: str, available: Sequence[int]) -> list[int]:
+    if value == "all":
+        return list(available)
+    if not value.isdigit():
+        raise CannotRun(f"--gpu takes a GPU index or 'all', not {value!r}")
+    if int(value) not in available:
+        raise CannotRun(
+            f"there is no GPU {value} (GPUs: {', '.join(map(str, available)) or 'none'})"
+        )
+    return [int(value)]
+
+
+def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> Plan:
+    if backend == "cuda":
+        raise CannotRun("a simulated node runs on the cpu backend, not cuda")
+    try:
+        scenario = scenarios.load(name)
+        faults = sdc_faults(scenario)
+    except scenarios.ScenarioError as error:
+        raise CannotRun(str(error)) from error
+    suite = default_suite("cpu", config.seed, config.seed, config.hbm_bytes)
+    requests = tuple(
+        BurstRequest(
+            "cpu",
+            suite,
+            gpu=index,
+            stand_in_model=scenario.node.model,
+            stand_in_sm_count=SIMULATED_SM_COUNT,
+            faults=faults.get(index, ()),
+        )
+        for index in _gpu_choice(gpu, range(scenario.node.gpus))
+    )
+    return Plan(requests, config.timeout)
+
+
+def _node_plan(gpu: str, backend: str, config: CanaryConfig) -> Plan:
+    probed: tuple[ProbedGpu, ...] = ()
+    if backend != "cpu":
+        try:
+            probed = probe_cuda(PROBE_TIMEOUT_S)
+        except RuntimeError as error:
+            if backend == "cuda" or gpu != "all":
+                raise CannotRun(str(error)) from error
+    uuids = {g.index: g.uuid for g in probed}
+    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
+    requests = [
+        BurstRequest("cuda", suite, gpu=index, uuid=uuids[index])
+        for index in _gpu_choice(gpu, sorted(uuids))
+    ]
+    if gpu == "all":
+        cores = tuple(sorted(os.sched_getaffinity(0)))
+        requests.append(BurstRequest("cpu", host_suite(config.seed), cpu_cores=cores))
+    return Plan(tuple(requests), config.timeout)
+
+
+def _where(result: CanaryResult) -> str:
+    return f"cpu {result.cpu_core}" if result.cpu_core is not None else f"gpu {result.gpu}"
+
+
+def describe(result: CanaryResult) -> str:
+    """One line about one canary run."""
+    line = f"{_where(result):>7}  {result.canary:<26} {result.result:<8} "
+    line += f"{result.duration_seconds * 1000:9.1f} ms"
+    if result.tflops is not None:
+        line += f"  {result.tflops:8.3f} TFLOP/s"
+    if result.result == "mismatch" and result.first_mismatch_index is not None:
+        line += (
+            f"  {result.mismatch_count} wrong, first at {result.first_mismatch_index}: "
+            f"{result.first_actual_bits} instead of {result.first_expected_bits}"
+        )
+        if result.mismatch_units:
+            units, lanes = _short(result.mismatch_units), _short(result.mismatch_lanes)
+            line += f" (SMs/cores {units}, lanes {lanes})"
+    elif result.message:
+        line += f"  {result.message}"
+    return line
+
+
+def _short(values: Sequence[int]) -> str:
+    shown = ",".join(map(str, values[:8]))
+    return shown + (",..." if len(values) > 8 else "")
+
+
+def _run(plan: Plan, to: IO[str] | None) -> tuple[list[CanaryResult], list[CanaryResult]]:
+    """Every result, and those the cross-GPU comparison changed; a line per
+    canary goes to `to` as each result arrives."""
+    clock = SystemClock()
+    lock = threading.Lock()
+
+    def progress(result: CanaryResult) -> None:
+        if to is not None:
+            with lock:
+                click.echo(describe(result), file=to)
+
+    def one(request: BurstRequest) -> list[CanaryResult]:
+        outcome = run_burst(request, timeout=plan.timeout, clock=clock, on_result=progress)
+        return list(outcome.results)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(plan.requests))) as pool:
+        bursts = list(pool.map(one, plan.requests))
+    results = [result for burst in bursts for result in burst]
+    gpus = {result.gpu for result in results if result.gpu is not None}
+    _, judged = crosscheck(DigestBook(), results, quorum=2 if len(gpus) > 1 else 1)
+    changed = [after for before, after in zip(results, judged, strict=True) if after != before]
+    return list(judged), changed
+
+
+def exit_status(results: Sequence[CanaryResult]) -> int:
+    if any(result.result == "mismatch" for result in results):
+        return EXIT_MISMATCH
+    if not results or any(result.result in ("error", "timeout") for result in results):
+        return EXIT_CANNOT_RUN
+    return EXIT_PASS
+
+
+@click.command("canary")
+@click.option(
+    "--gpu",
+    "gpu",
+    default="all",
+    metavar="N|all",
+    show_default=True,
+    help="The GPU to check; `all` also checks the host's CPU cores.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="cuda (CuPy), cpu (the host's cores; a simulated node's GPUs), or auto.",
+)
+@click.option(
+    "--simulate",
+    metavar="SCENARIO",
+    help="Run on a simulated node: a built-in scenario name or a scenario file.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
+def canary(gpu: str, backend: str, simulate: str | None, as_json: bool) -> None:
+    """Run the known-answer canary suite once and report every result."""
+    config = CanaryConfig()
+    if simulate is not None:
+        plan = _simulated_plan(gpu, backend, simulate, config)
+    else:
+        plan = _node_plan(gpu, backend, config)
+    if not plan.requests:
+        raise CannotRun("nothing to run the canaries on")
+    # Without --json the lines are the report (stdout); with it, progress
+    # for a terminal only.
+    to = sys.stdout if not as_json else (sys.stderr if sys.stderr.isatty() else None)
+    results, changed = _run(plan, to)
+    if as_json:
+        click.echo(json.dumps([to_wire(result) for result in results], indent=1))
+    else:
+        for result in changed:
+            click.echo(describe(result))
+        click.echo(_verdict(results))
+    sys.exit(exit_status(results))
+
+
+def _verdict(results: Sequence[CanaryResult]) -> str:
+    counts = {o: sum(r.result == o for r in results) for o in ("mismatch", "error", "timeout")}
+    if not any(counts.values()):
+        return f"all {len(results)} canaries passed"
+    return ", ".join(f"{n} {o}" for o, n in counts.items() if n) + f" of {len(results)} canaries"
+
+
+if __name__ == "__main__":
+    canary()

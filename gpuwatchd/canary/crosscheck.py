@@ -1,0 +1,94 @@
+"""Judging the full-mantissa GEMM, which has no known answer.
+
+Its output depends on the library's summation order, so it is compared
+with what the other GPUs of the node (same model, driver and library: the
+result's `environment`) computed from the same inputs, and with the digest
+agreed on before in that environment. A digest that differs from the
+agreed one is a mismatch. A new environment (a driver or library upgrade)
+starts without an agreed digest: it is never a failure, and the first
+digest that a quorum of GPUs shares becomes the reference.
+
+This is what catches a consistent wrong answer on one GPU: checking a GPU
+against its own earlier result (as gpu-burn does) cannot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from gpuwatchd.canary.result import CanaryResult
+
+
+def scope(result: CanaryResult) -> str | None:
+    """What a digest is comparable within; None for results without one."""
+    if result.digest is None or result.environment is None:
+        return None
+    shape = "x".join(map(str, result.shape))
+    return f"{result.environment} | {result.canary} {shape} seed {result.seed}"
+
+
+@dataclass(frozen=True)
+class DigestBook:
+    # Scope -> the digest agreed on (worth keeping across restarts).
+    reference: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Scope -> target -> its latest digest.
+    latest: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.reference), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DigestBook:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise ValueError("expected an object of scope -> digest")
+        return cls(reference=MappingProxyType(data))
+
+
+def _agreed(digests: Mapping[str, str], quorum: int) -> str | None:
+    """The digest that at least `quorum` targets, and more than half of
+    them, share."""
+    if not digests:
+        return None
+    digest, count = Counter(digests.values()).most_common(1)[0]
+    return digest if count >= quorum and count * 2 > len(digests) else None
+
+
+def crosscheck(
+    book: DigestBook, results: Sequence[CanaryResult], quorum: int
+) -> tuple[DigestBook, tuple[CanaryResult, ...]]:
+    """Record the passing digests of `results` and judge each against the
+    agreed digest of its scope. `quorum` is how many GPUs must agree before a
+    digest is agreed (2 on a multi-GPU node, 1 on a single-GPU one)."""
+    latest = {key: dict(targets) for key, targets in book.latest.items()}
+    for result in results:
+        key = scope(result)
+        if key is not None and result.result == "pass":
+            latest.setdefault(key, {})[result.target] = result.digest or ""
+    reference = dict(book.reference)
+    for key, digests in latest.items():
+        agreed = _agreed(digests, quorum)
+        if key not in reference and agreed is not None:
+            reference[key] = agreed
+    judged = tuple(_judge(result, reference) for result in results)
+    frozen = {key: MappingProxyType(targets) for key, targets in latest.items()}
+    return DigestBook(MappingProxyType(reference), MappingProxyType(frozen)), judged
+
+
+def _judge(result: CanaryResult, reference: Mapping[str, str]) -> CanaryResult:
+    key = scope(result)
+    agreed = reference.get(key) if key is not None else None
+    if result.result != "pass" or agreed is None or result.digest == agreed:
+        return result
+    return replace(
+        result,
+        result="mismatch",
+        mismatch_count=1,
+        message=f"output digest {result.digest} differs from the agreed {agreed}",
+    )

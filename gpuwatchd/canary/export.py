@@ -1,0 +1,103 @@
+"""Canary metric families, rendered fresh from CanaryStats on every scrape.
+
+GPU series carry `gpu` (the index) and `canary` (kind and format, e.g.
+`gemm_exact_fp16`); the host's cores get their own run counter with
+`core`. Every (gpu, canary) seen has all four `result` series, so a first
+mismatch is an increase from 0, not a new series that rate() cannot see.
+
+    gpuwatchd_canary_runs_total{gpu,canary,result}
+    gpuwatchd_canary_last_pass_timestamp_seconds{gpu}
+    gpuwatchd_canary_duration_seconds{gpu,canary}
+    gpuwatchd_canary_tflops{gpu,canary}
+    gpuwatchd_canary_mismatched_bits_total{gpu,canary}
+    gpuwatchd_canary_cpu_runs_total{core,canary,result}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpuwatchd.canary.result import OUTCOMES
+from gpuwatchd.canary.stats import CanaryStats
+
+PREFIX = "gpuwatchd_canary_"
+
+
+def _split(target: str) -> tuple[str, str]:
+    kind, _, index = target.partition(":")
+    return kind, index
+
+
+def families(stats: CanaryStats) -> Iterable[Metric]:
+    return list(_families(stats))
+
+
+def _families(stats: CanaryStats) -> Iterator[Metric]:
+    pairs = sorted({(target, canary) for target, canary, _ in stats.runs})
+    gpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "gpu"]
+    cpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "cpu"]
+
+    runs = CounterMetricFamily(
+        PREFIX + "runs",
+        "Canary runs by outcome: pass, mismatch (a wrong answer), error (a crash, a device "
+        "error, an XID during the burst) or timeout (killed at the hard timeout).",
+        labels=["gpu", "canary", "result"],
+    )
+    bits = CounterMetricFamily(
+        PREFIX + "mismatched_bits",
+        "Bits flipped in the canary outputs that did not match their known answer.",
+        labels=["gpu", "canary"],
+    )
+    for gpu, canary in gpu_pairs:
+        for outcome in OUTCOMES:
+            runs.add_metric(
+                [gpu, canary, outcome], stats.runs.get((f"gpu:{gpu}", canary, outcome), 0)
+            )
+        bits.add_metric([gpu, canary], stats.mismatched_bits.get((f"gpu:{gpu}", canary), 0))
+    yield runs
+    yield bits
+
+    last_pass = GaugeMetricFamily(
+        PREFIX + "last_pass_timestamp_seconds",
+        "When the GPU's last burst in which every canary passed ended (Unix time).",
+        labels=["gpu"],
+    )
+    for target, when in sorted(stats.last_pass.items()):
+        kind, index = _split(target)
+        if kind == "gpu":
+            last_pass.add_metric([index], when)
+    yield last_pass
+
+    duration = GaugeMetricFamily(
+        PREFIX + "duration_seconds",
+        "How long the latest run of the canary took, from inputs to verdict.",
+        labels=["gpu", "canary"],
+    )
+    tflops = GaugeMetricFamily(
+        PREFIX + "tflops",
+        "Throughput of the latest run of a GEMM canary (10^12 floating-point operations "
+        "per second, the GEMM alone); a GPU well below its siblings is throttled or degraded.",
+        labels=["gpu", "canary"],
+    )
+    for gpu, canary in gpu_pairs:
+        latest = stats.latest.get((f"gpu:{gpu}", canary))
+        if latest is None:
+            continue
+        duration.add_metric([gpu, canary], latest.duration_seconds)
+        if latest.tflops is not None:
+            tflops.add_metric([gpu, canary], latest.tflops)
+    yield duration
+    yield tflops
+
+    cpu_runs = CounterMetricFamily(
+        PREFIX + "cpu_runs",
+        "Canary runs on the host's CPU cores (each pinned in turn), by outcome.",
+        labels=["core", "canary", "result"],
+    )
+    for core, canary in cpu_pairs:
+        for outcome in OUTCOMES:
+            count = stats.runs.get((f"cpu:{core}", canary, outcome), 0)
+            cpu_runs.add_metric([core, canary, outcome], count)
+    yield cpu_runs
