@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
-from gpuwatchd.export import gpu
+from gpuwatchd.export import gpu, infiniband
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -45,7 +45,7 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
 
 
-RENDERERS: tuple[FamilyRenderer, ...] = (_daemon_families, gpu.families)
+RENDERERS: tuple[FamilyRenderer, ...] = (_daemon_families, gpu.families, infiniband.families)
 
 
 class SnapshotCollector(Collector):

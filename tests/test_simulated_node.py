@@ -32,6 +32,12 @@ GPU_FAMILIES = {
     "gpuwatchd_nvlink_up": 8 * 18,
     "gpuwatchd_source_up": 2,
     "gpuwatchd_build_info": 1,
+    "gpuwatchd_infiniband_info": 8,
+    "gpuwatchd_infiniband_state_id": 8,
+    "gpuwatchd_infiniband_physical_state_id": 8,
+    "gpuwatchd_infiniband_rate_bytes_per_second": 8,
+    "gpuwatchd_infiniband_symbol_error": 8,
+    "gpuwatchd_infiniband_port_data_received_bytes": 8,
 }
 
 
@@ -48,7 +54,7 @@ def _render(tmp_path: Path, scenario: str = FULL_NODE, until: float = 30.0) -> s
         return generate_latest(sim.daemon.registry).decode()
 
 
-def test_full_node_exports_every_family_for_8_gpus_and_18_links(tmp_path: Path) -> None:
+def test_full_node_exports_every_family_for_8_gpus_18_links_and_8_hcas(tmp_path: Path) -> None:
     families = _families(_render(tmp_path))
     for name, count in GPU_FAMILIES.items():
         assert name in families, f"{name} missing"
