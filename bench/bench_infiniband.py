@@ -39,11 +39,11 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.config import InfinibandSourceConfig
 from gpuwatchd.export.infiniband import families
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
+from gpuwatchd.sources import InfinibandSourceConfig
 from gpuwatchd.sources.infiniband import InfinibandSource
 
 SCENARIO = """

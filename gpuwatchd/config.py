@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 
+from gpuwatchd.checks.registry import ChecksConfig
+from gpuwatchd.policy import PolicyConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
+from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
 
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
@@ -47,23 +50,6 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True)
-class NvmlSourceConfig:
-    enabled: bool = True
-    # Listen for XID critical errors through an NVML event set.
-    xid_events: bool = True
-
-
-@dataclass(frozen=True)
-class InfinibandSourceConfig:
-    enabled: bool = True
-    # The root under which class/infiniband is read; a captured tree works too.
-    sysfs_root: str = "/sys"
-    # HCAs not to read at all (some restricted ConnectX-7 functions flood the
-    # kernel log with ACCESS_REG errors when their counters are read).
-    exclude_devices: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class SourcesConfig:
     nvml: NvmlSourceConfig = field(default_factory=NvmlSourceConfig)
     infiniband: InfinibandSourceConfig = field(default_factory=InfinibandSourceConfig)
@@ -87,6 +73,8 @@ class SourcesConfig:
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     sources: SourcesConfig = field(default_factory=SourcesConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
 
 def load_config(path: str | None) -> Config:

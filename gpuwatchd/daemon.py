@@ -1,8 +1,8 @@
-"""The poll loop: read every source, keep history, publish a Snapshot.
+"""The poll loop: read every source, judge, decide, persist, publish.
 
-One thread runs `step()` every poll interval. Everything a step produces is
-gathered into a new immutable Snapshot that replaces the old one in a single
-assignment, so the HTTP server's threads always read a whole poll.
+One thread runs `step()` every poll interval: sources → History → checks →
+policy → store → a new immutable Snapshot that replaces the old one in a
+single assignment, so the HTTP server's threads always read a whole poll.
 """
 
 from __future__ import annotations
@@ -12,18 +12,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
 from gpuwatchd.model import Reading
 from gpuwatchd.notify import Notifier
+from gpuwatchd.policy import PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import Source
+from gpuwatchd.store import StateConflict, Store, StoreError, read_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,25 @@ class _Gathered:
         )
 
 
+def open_store(state_dir: str) -> Store:
+    """The state database, or an in-memory one when it cannot be used: the
+    daemon keeps monitoring and exports gpuwatchd_state_persisted 0."""
+    try:
+        return Store.open(state_dir)
+    except StoreError as error:
+        log.error("%s; decisions will not survive a restart", error)
+        return Store.in_memory()
+
+
+def _boot_id(path: str | None) -> str:
+    """This boot's id (XID escalation counts reboots by it), or "unknown"."""
+    try:
+        return read_boot_id(path) if path else read_boot_id()
+    except OSError as error:
+        log.warning("cannot read the boot id: %s; reboots will not be counted", error)
+        return "unknown"
+
+
 class Daemon:
     def __init__(
         self,
@@ -60,6 +82,7 @@ class Daemon:
         sources: Sequence[Source],
         clock: Clock,
         before_poll: Callable[[float], None] | None = None,
+        boot_id_path: str | None = None,
     ) -> None:
         self.config = config
         self.sources = list(sources)
@@ -67,8 +90,17 @@ class Daemon:
         self.before_poll = before_poll
         self.history = History(max_age_seconds=config.daemon.history)
         self.stop_event = threading.Event()
-        self._snapshot = Snapshot(time=clock.now())
         self._polls = 0
+        self.store = open_store(config.daemon.state_dir)
+        self._persisted = self.store.persistent
+        now = clock.now()
+        self.boot_id = _boot_id(boot_id_path)
+        self._write(lambda: self.store.record_boot(self.boot_id, now))
+        # The last samples of the previous run make the first rates right.
+        for reading in self.store.last_readings(now, max_age=config.daemon.history):
+            self.history.record(reading)
+        self.state: PolicyState = self.store.load_state()
+        self._snapshot = Snapshot(time=now, quarantines=self.state.quarantines)
         self.registry: CollectorRegistry
         self._poll_duration: Histogram
         self.registry, self._poll_duration = make_registry(lambda: self._snapshot)
@@ -77,12 +109,75 @@ class Daemon:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    def _write(self, write: Callable[[], object]) -> None:
+        try:
+            write()
+        except StoreError as error:
+            log.error("%s", error)
+            self._persisted = False
+
     def _poll_source(self, source: Source, now: float) -> Reading:
         try:
             return source.poll(now)
         except Exception as error:  # a source bug must not stop the others
             log.exception("source %s failed", source.name)
             return Reading(source=source.name, time=now, error=f"{type(error).__name__}: {error}")
+
+    def _decide(self, readings: tuple[Reading, ...], now: float) -> tuple[PolicyResult, Snapshot]:
+        boots = self.store.boot_record()
+        checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
+        subjects = observed_subjects(self.history)
+        for _ in range(3):
+            result = evaluate(checked.findings, self.state, now, self.config.policy, subjects)
+            try:
+                self.state = self.store.save_poll(
+                    result, now=now, boot_id=self.boot_id, readings=readings
+                )
+                self._persisted = self.store.persistent
+                break
+            except StateConflict:
+                # An operator quarantined or released something since we read
+                # the state: judge again on top of their change.
+                self.state = self.store.load_state()
+            except StoreError as error:
+                log.error("%s", error)
+                self.state = result.state
+                self._persisted = False
+                break
+        self._log_changes(result)
+        gathered = _Gathered(readings).snapshot(now, self._polls)
+        return result, replace(
+            gathered,
+            findings=result.findings,
+            measurements=checked.measurements,
+            health=result.health,
+            health_since=result.health_since,
+            node_health=result.node_health,
+            quarantines=result.quarantines,
+            state_persisted=self._persisted,
+        )
+
+    @staticmethod
+    def _log_changes(result: PolicyResult) -> None:
+        for finding in result.raised:
+            log.warning(
+                "%s: %s %s: %s",
+                finding.subject,
+                finding.severity.label,
+                finding.code,
+                finding.message,
+                extra={"subject": finding.subject},
+            )
+        for decision in result.decisions:
+            log.warning(
+                "%s: %s%s (%s): %s",
+                decision.subject,
+                decision.kind,
+                " [dry run]" if decision.dry_run else "",
+                decision.source,
+                decision.reason,
+                extra={"subject": decision.subject},
+            )
 
     def step(self) -> Snapshot:
         """One poll of every source; returns the Snapshot it published."""
@@ -96,7 +191,7 @@ class Daemon:
                 log.warning("source %s: %s", reading.source, reading.error)
             self.history.record(reading)
         self._polls += 1
-        snapshot = _Gathered(readings).snapshot(now, self._polls)
+        _, snapshot = self._decide(readings, now)
         self._snapshot = snapshot
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
@@ -135,3 +230,4 @@ class Daemon:
                 source.close()
             except Exception:
                 log.exception("closing source %s failed", source.name)
+        self.store.close()

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
-from gpuwatchd.export import gpu, infiniband
+from gpuwatchd.export import gpu, health, infiniband
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -45,7 +45,12 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
 
 
-RENDERERS: tuple[FamilyRenderer, ...] = (_daemon_families, gpu.families, infiniband.families)
+RENDERERS: tuple[FamilyRenderer, ...] = (
+    _daemon_families,
+    gpu.families,
+    infiniband.families,
+    health.families,
+)
 
 
 class SnapshotCollector(Collector):

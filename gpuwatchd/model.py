@@ -55,7 +55,9 @@ class LinkSample:
     gpu: int
     link: int
     up: bool | None
-    errors: Mapping[str, int] = field(default_factory=dict)  # NVLINK_ERROR_TYPES -> cumulative count
+    errors: Mapping[str, int] = field(
+        default_factory=dict
+    )  # NVLINK_ERROR_TYPES -> cumulative count
 
 
 @dataclass(frozen=True)

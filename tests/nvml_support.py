@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gpuwatchd.clock import FakeClock
-from gpuwatchd.config import NvmlSourceConfig
 from gpuwatchd.model import GpuSample, Reading
 from gpuwatchd.sim.fake_nvml import DEFAULT_DRIVER_VERSION, FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 from gpuwatchd.sim.scenario import Scenario, parse
+from gpuwatchd.sources import NvmlSourceConfig
 from gpuwatchd.sources.nvml import NvmlSource
 
 H100 = "NVIDIA H100 80GB HBM3"

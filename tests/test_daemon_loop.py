@@ -47,22 +47,22 @@ class BrokenSource:
         pass
 
 
-def _config(interval: float = 10.0) -> Config:
-    return Config(daemon=DaemonConfig(poll_interval=interval))
+def _config(tmp_path: Path, interval: float = 10.0) -> Config:
+    return Config(daemon=DaemonConfig(poll_interval=interval, state_dir=str(tmp_path / "state")))
 
 
-def test_a_failing_source_is_reported_down_and_the_others_keep_reporting() -> None:
-    daemon = Daemon(_config(), [CountingSource(), BrokenSource()], FakeClock())
+def test_a_failing_source_is_reported_down_and_the_others_keep_reporting(tmp_path: Path) -> None:
+    daemon = Daemon(_config(tmp_path), [CountingSource(), BrokenSource()], FakeClock())
     snapshot = daemon.step()
     assert snapshot.source_up == {"nvml": True, "infiniband": False}
     assert "sysfs went away" in snapshot.source_errors["infiniband"]
     assert [gpu.uuid for gpu in snapshot.gpus] == ["GPU-0"]
 
 
-def test_the_loop_polls_once_per_interval_on_the_injected_clock() -> None:
+def test_the_loop_polls_once_per_interval_on_the_injected_clock(tmp_path: Path) -> None:
     clock = FakeClock()
     source = CountingSource()
-    daemon = Daemon(_config(interval=10.0), [source], clock)
+    daemon = Daemon(_config(tmp_path, interval=10.0), [source], clock)
     start = clock.now()
 
     class StopAfter:
@@ -96,14 +96,14 @@ def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
 
 
 def test_sd_notify_sends_ready_then_watchdog_pings_while_waiting(
-    notify_socket: socket.socket,
+    notify_socket: socket.socket, tmp_path: Path
 ) -> None:
     clock = FakeClock()
     source = CountingSource()
     address = notify_socket.getsockname()
     notifier = Notifier({"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "8000000"})
     assert notifier.watchdog_seconds == 8.0
-    daemon = Daemon(_config(interval=10.0), [source], clock)
+    daemon = Daemon(_config(tmp_path, interval=10.0), [source], clock)
     messages: list[str] = []
 
     def receive() -> None:
@@ -134,9 +134,9 @@ def _get(url: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def test_http_server_serves_metrics_status_and_healthz() -> None:
+def test_http_server_serves_metrics_status_and_healthz(tmp_path: Path) -> None:
     clock = FakeClock()
-    daemon = Daemon(_config(), [CountingSource()], clock)
+    daemon = Daemon(_config(tmp_path), [CountingSource()], clock)
     server = StatusServer(
         ("127.0.0.1", 0), daemon.registry, lambda: daemon.snapshot, 60.0, clock.now
     )

@@ -14,12 +14,12 @@ import pytest
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.infiniband import NAME, InfinibandCheckConfig, run
-from gpuwatchd.config import InfinibandSourceConfig
 from gpuwatchd.history import History
 from gpuwatchd.model import Action, Finding, Severity
 from gpuwatchd.settings import load
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
+from gpuwatchd.sources import InfinibandSourceConfig
 from gpuwatchd.sources.infiniband import InfinibandSource
 
 START = 1_767_225_600.0

@@ -18,13 +18,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwatchd.config import InfinibandSourceConfig
 from gpuwatchd.export.infiniband import families
 from gpuwatchd.model import PortSample, Reading
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
-from gpuwatchd.sources import infiniband
+from gpuwatchd.sources import InfinibandSourceConfig, infiniband
 from gpuwatchd.sources.infiniband import InfinibandSource, parse_counter, parse_rate, parse_state
 
 FIXTURE = Path("/work/shared/external/procfs-sysfs")

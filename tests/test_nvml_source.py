@@ -11,10 +11,9 @@ import pytest
 from nvml_support import A100, B200, H100, V100, SimulatedNode, simulated_node
 
 from gpuwatchd.clock import FakeClock
-from gpuwatchd.config import NvmlSourceConfig
 from gpuwatchd.model import CLOCKS_EVENT_REASONS, THROTTLE_REASONS, GpuSample
 from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION
-from gpuwatchd.sources import SourceUnavailable
+from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 from gpuwatchd.sources.nvml import NvmlSource
 
 NVML_LOG = "gpuwatchd.sources.nvml"

@@ -7,10 +7,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from daemon_support import simulated_daemon
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-
-from daemon_support import simulated_daemon
 
 FULL_NODE = 'node: {gpus: 8, model: "NVIDIA H100 80GB HBM3", nvlinks: 18, hcas: 8}\nfaults: []\n'
 

@@ -209,7 +209,9 @@ def parse(text: str, name: str = "scenario") -> Scenario:
 
 def builtin_names() -> list[str]:
     folder = resources.files("gpuwatchd.sim") / "scenarios"
-    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
 
 
 def load(name_or_path: str | None) -> Scenario:

@@ -3,9 +3,27 @@ into model objects and knows nothing about health."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwatchd.model import Reading
+
+
+@dataclass(frozen=True)
+class NvmlSourceConfig:
+    enabled: bool = True
+    # Listen for XID critical errors through an NVML event set.
+    xid_events: bool = True
+
+
+@dataclass(frozen=True)
+class InfinibandSourceConfig:
+    enabled: bool = True
+    # The root under which class/infiniband is read; a captured tree works too.
+    sysfs_root: str = "/sys"
+    # HCAs not to read at all (some restricted ConnectX-7 functions flood the
+    # kernel log with ACCESS_REG errors when their counters are read).
+    exclude_devices: tuple[str, ...] = ()
 
 
 class SourceUnavailable(RuntimeError):

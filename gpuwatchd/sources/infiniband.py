@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
 
-from gpuwatchd.config import InfinibandSourceConfig
 from gpuwatchd.model import InfinibandDevice, PortSample, Reading
+from gpuwatchd.sources import InfinibandSourceConfig
 
 log = logging.getLogger(__name__)
 

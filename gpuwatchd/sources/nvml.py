@@ -45,9 +45,8 @@ from typing import Any
 import pynvml
 
 from gpuwatchd.clock import Clock
-from gpuwatchd.config import NvmlSourceConfig
 from gpuwatchd.model import GpuSample, LinkSample, Reading, XidEvent
-from gpuwatchd.sources import SourceUnavailable
+from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 
 log = logging.getLogger(__name__)
 

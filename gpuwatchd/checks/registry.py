@@ -1,0 +1,67 @@
+"""The one explicit list of checks the daemon runs each poll, and their settings.
+
+A check is added here and nowhere else: its config section under `checks:`
+and its entry in CHECKS. (The list lives beside the check modules rather than
+in `checks/__init__.py`, which each check imports for CheckOutput.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuwatchd.checks import (
+    CheckOutput,
+    clocks,
+    gpu_lost,
+    infiniband,
+    memory,
+    nvlink,
+    thermal,
+    xid,
+)
+from gpuwatchd.history import History
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    thermal: thermal.ThermalConfig = field(default_factory=thermal.ThermalConfig)
+    clocks: clocks.ClocksConfig = field(default_factory=clocks.ClocksConfig)
+    nvlink: nvlink.NvlinkConfig = field(default_factory=nvlink.NvlinkConfig)
+    memory: memory.MemoryConfig = field(default_factory=memory.MemoryConfig)
+    xid: xid.XidConfig = field(default_factory=xid.XidConfig)
+    gpu_lost: gpu_lost.GpuLostConfig = field(default_factory=gpu_lost.GpuLostConfig)
+    infiniband: infiniband.InfinibandCheckConfig = field(
+        default_factory=infiniband.InfinibandCheckConfig
+    )
+
+
+@dataclass(frozen=True)
+class CheckInputs:
+    """What every check may read: the history, the time, and the boots seen."""
+
+    history: History
+    now: float
+    boots: xid.BootRecord
+
+
+Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    (thermal.NAME, lambda i, c: thermal.run(i.history, i.now, c.thermal)),
+    (clocks.NAME, lambda i, c: clocks.run(i.history, i.now, c.clocks)),
+    (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink)),
+    (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
+    (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
+    (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost)),
+    (infiniband.NAME, lambda i, c: infiniband.run(i.history, i.now, c.infiniband)),
+)
+
+
+def run_all(inputs: CheckInputs, config: ChecksConfig) -> CheckOutput:
+    """Every check's findings and measurements, in registry order."""
+    outputs = [check(inputs, config) for _, check in CHECKS]
+    return CheckOutput(
+        findings=tuple(f for output in outputs for f in output.findings),
+        measurements=tuple(m for output in outputs for m in output.measurements),
+    )
