@@ -18,7 +18,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -95,11 +95,14 @@ class CanaryAgent:
         faults: Callable[[int], tuple[FaultSpec, ...]] = _no_faults,
         digest_path: str | None = None,
         runner: BurstRunner = run_burst,
+        executor: Executor | None = None,
     ) -> None:
         """`gpu_backend` checks the GPUs (None: no GPU canaries, see
         runner.choose_gpu_backend); `host_cores` are checked in turn when
         config.host_cores is on; `stand_in` and `faults` serve simulation;
-        `digest_path` keeps the agreed full-mantissa digests across restarts."""
+        `digest_path` keeps the agreed full-mantissa digests across restarts;
+        `runner` and `executor` are where bursts run (a worker process each,
+        waited on by a thread pool)."""
         self._config = config
         self._clock = clock
         self._gpu_backend = gpu_backend
@@ -108,7 +111,9 @@ class CanaryAgent:
         self._faults = faults
         self._digest_path = Path(digest_path) if digest_path else None
         self._runner = runner
-        self._executor = ThreadPoolExecutor(MAX_CONCURRENT_BURSTS, thread_name_prefix="canary")
+        self._executor = executor or ThreadPoolExecutor(
+            MAX_CONCURRENT_BURSTS, thread_name_prefix="canary"
+        )
         # Swapped whole by poll, read by the burst threads' telemetry.
         self._samples: Mapping[int, GpuSample] = MappingProxyType({})
         self._jobs: dict[str, _Job] = {}

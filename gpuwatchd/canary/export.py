@@ -9,7 +9,7 @@ mismatch is an increase from 0, not a new series that rate() cannot see.
     gpuwatchd_canary_last_pass_timestamp_seconds{gpu}
     gpuwatchd_canary_duration_seconds{gpu,canary}
     gpuwatchd_canary_tflops{gpu,canary}
-    gpuwatchd_canary_mismatched_bits_total{gpu,canary}
+    gpuwatchd_canary_bit_flips_total{gpu,canary}
     gpuwatchd_canary_cpu_runs_total{core,canary,result}
 """
 
@@ -45,8 +45,10 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
         "error, an XID during the burst) or timeout (killed at the hard timeout).",
         labels=["gpu", "canary", "result"],
     )
+    # Not `mismatched_bits_total`: promtool reads `_bits` as a unit (and
+    # wants bytes).
     bits = CounterMetricFamily(
-        PREFIX + "mismatched_bits",
+        PREFIX + "bit_flips",
         "Bits flipped in the canary outputs that did not match their known answer.",
         labels=["gpu", "canary"],
     )

@@ -1,0 +1,174 @@
+"""The detection matrix: every canary against every injected fault class on
+the CPU backend. Each fault class lists the canaries meant to catch it; a
+test fails when one of them stops catching it.
+
+Why each canary is (or is not) meant to catch each class:
+- compute faults (lane, sm, consistent, intermittent, lsb) corrupt results:
+  every exact GEMM and chain catches them against its known answer, and the
+  full-mantissa GEMMs catch them by disagreeing with their sibling GPUs;
+- data-triggered faults fire on negative values of magnitude 2 or more (the
+  sign and top exponent bit set): the exact GEMMs produce such values only
+  because of their sign patterns and power-of-two scales, the integer chain
+  and the random GEMMs produce them by chance; the FMA chains never do (their
+  state is non-negative), so they are not meant to catch it;
+- the HBM faults live in memory cells the compute canaries never store to:
+  walking ones and moving inversions catch a stuck bit, own-address catches
+  it too (a word and its complement set every bit once), and only
+  own-address catches two aliased addresses (uniform patterns cannot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from gpuwatchd.canary.cpu import CpuBackend
+from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
+from gpuwatchd.canary.faults import COMPUTE_MODES, MEMORY_MODES, FaultSpec
+from gpuwatchd.canary.formats import FORMATS
+from gpuwatchd.canary.gemm import exact_gemm
+from gpuwatchd.canary.inject import FAULTY_LANE, FAULTY_SM, FaultyBackend, flip_mask
+from gpuwatchd.canary.result import CanaryResult
+from gpuwatchd.canary.spec import (
+    EXACT_GEMM_DTYPES,
+    RANDOM_GEMM_DTYPES,
+    CanarySpec,
+    default_suite,
+)
+from gpuwatchd.canary.suite import RunContext, run_canary
+
+SUITE = default_suite("cpu", seed=3, random_seed=1, hbm_bytes=1 << 20)
+EXACT_GEMMS = frozenset(f"gemm_exact_{dtype}" for dtype in EXACT_GEMM_DTYPES)
+RANDOM_GEMMS = frozenset(f"gemm_random_{dtype}" for dtype in RANDOM_GEMM_DTYPES)
+CHAINS = frozenset({"int_chain_u32", "fma_chain_fp32", "fma_chain_fp64"})
+COMPUTE = EXACT_GEMMS | RANDOM_GEMMS | CHAINS
+WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS = (
+    "hbm_walking_ones_u64",
+    "hbm_own_address_u64",
+    "hbm_moving_inversions_u64",
+)
+
+MEANT_TO_CATCH: Mapping[str, frozenset[str]] = {
+    "lane": COMPUTE,
+    "sm": COMPUTE,
+    "consistent": COMPUTE,
+    "intermittent": COMPUTE,  # on a hot GPU, where the fault fires on every call
+    "lsb": COMPUTE,
+    "data": EXACT_GEMMS | RANDOM_GEMMS | {"int_chain_u32"},
+    "stuck_bit": frozenset({WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS}),
+    "address_alias": frozenset({OWN_ADDRESS}),
+}
+HOT_CELSIUS = 95.0
+SIBLINGS = ("gpu:0", "gpu:2")
+
+
+def stand_in() -> CpuBackend:
+    return CpuBackend(sm_count=132, name="simulated H100")
+
+
+def run_suite(backend: object, gpu: int) -> list[CanaryResult]:
+    context = RunContext(gpu=gpu)
+    return [run_canary(backend, spec, context) for spec in SUITE]  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def sibling_results() -> list[CanaryResult]:
+    return [result for gpu in (0, 2) for result in run_suite(stand_in(), gpu)]
+
+
+def detected(mode: str, sibling_results: list[CanaryResult]) -> frozenset[str]:
+    faulty = FaultyBackend(stand_in(), FaultSpec(mode, seed=11), temperature_celsius=HOT_CELSIUS)
+    results = run_suite(faulty, gpu=1)
+    # The full-mantissa GEMMs are judged against the node's other GPUs.
+    _, judged = crosscheck(DigestBook(), [*sibling_results, *results], quorum=2)
+    return frozenset(r.canary for r in judged if r.gpu == 1 and r.result == "mismatch")
+
+
+def test_the_matrix_covers_every_fault_class_and_every_canary() -> None:
+    assert set(MEANT_TO_CATCH) == set(COMPUTE_MODES) | set(MEMORY_MODES)
+    names = {spec.name for spec in SUITE}
+    assert set().union(*MEANT_TO_CATCH.values()) == names
+    assert all(MEANT_TO_CATCH.values())
+
+
+@pytest.mark.parametrize("mode", sorted(MEANT_TO_CATCH))
+def test_each_fault_class_is_caught_by_the_canaries_meant_to_catch_it(
+    mode: str, sibling_results: list[CanaryResult]
+) -> None:
+    missed = MEANT_TO_CATCH[mode] - detected(mode, sibling_results)
+    assert not missed, f"{mode} faults went unnoticed by {sorted(missed)}"
+
+
+def test_a_fault_free_backend_passes_every_canary(sibling_results: list[CanaryResult]) -> None:
+    assert [r.canary for r in sibling_results if r.result != "pass"] == []
+
+
+def test_fma_chains_are_blind_to_sign_triggered_faults(sibling_results: list[CanaryResult]) -> None:
+    # Documents why the FMA chains are not in the data-triggered row: the
+    # exact GEMMs' sign patterns are what catches this class.
+    assert not {"fma_chain_fp32", "fma_chain_fp64"} & detected("data", sibling_results)
+
+
+def test_intermittent_faults_are_rare_on_a_cool_gpu() -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec("intermittent", seed=5), temperature_celsius=40.0)
+    spec = CanarySpec("int_chain", "u32", (256, 16), seed=1)
+    results = [run_canary(faulty, spec, RunContext(gpu=0)) for _ in range(100)]
+    assert sum(r.result == "mismatch" for r in results) <= 3
+
+
+def test_a_lane_fault_is_localised_to_its_lane() -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec("lane"))
+    for spec in SUITE:
+        if spec.kind in ("int_chain", "fma_chain"):
+            result = run_canary(faulty, spec, RunContext(gpu=1))
+            assert result.mismatch_lanes == (FAULTY_LANE,)
+            assert len(result.mismatch_units) > 1
+            flipped = bin(flip_mask(len(result.bit_histogram))).count("1")
+            assert flipped > 1  # a multi-bit flip, every time
+            assert sum(result.bit_histogram) == flipped * result.mismatch_count
+
+
+def test_an_sm_fault_is_localised_to_its_sm() -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec("sm"))
+    for spec in SUITE:
+        if spec.kind in ("int_chain", "fma_chain"):
+            result = run_canary(faulty, spec, RunContext(gpu=1))
+            assert result.mismatch_units == (FAULTY_SM,)
+            assert len(result.mismatch_lanes) == 32
+
+
+def test_a_lowest_bit_flip_shows_in_the_histogram_alone() -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec("lsb", seed=2))
+    spec = CanarySpec("gemm_exact", "fp32", (32, 32, 32), seed=4)
+    result = run_canary(faulty, spec, RunContext(gpu=1))
+    assert result.mismatch_count == 1
+    assert result.bit_histogram[0] == 1 and sum(result.bit_histogram) == 1
+    expected, actual = (
+        int(result.first_expected_bits or "", 16),
+        int(result.first_actual_bits or "", 16),
+    )
+    assert expected ^ actual == 1
+
+
+def gpu_burn_style_check(backend: FaultyBackend, spec: CanarySpec) -> bool:
+    """What a self-comparison burn-in does: run the same GEMM again and
+    again, and pass when every run equals the GPU's own first result."""
+    fmt = FORMATS[spec.dtype]
+    m, k, n = spec.shape
+    inputs = exact_gemm(fmt, (m, k, n), spec.seed)
+    first = backend.gemm(fmt, inputs.a, inputs.b).output
+    return all(
+        np.array_equal(backend.gemm(fmt, inputs.a, inputs.b).output, first) for _ in range(5)
+    )
+
+
+def test_a_self_comparison_misses_the_consistent_wrong_answer(
+    sibling_results: list[CanaryResult],
+) -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec("consistent", seed=11))
+    spec = next(spec for spec in SUITE if spec.name == "gemm_exact_fp16")
+    assert gpu_burn_style_check(faulty, spec)  # the same wrong answer every time
+    assert run_canary(faulty, spec, RunContext(gpu=1)).result == "mismatch"
+    assert detected("consistent", sibling_results) >= RANDOM_GEMMS

@@ -1,0 +1,151 @@
+"""Canary metric families, rendered from CanaryStats and checked by promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterable
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from gpuwatchd.canary.export import families
+from gpuwatchd.canary.result import CanaryResult, Outcome
+from gpuwatchd.canary.stats import CanaryStats
+
+T0 = 1_767_225_600.0
+
+
+def result(
+    canary: str,
+    outcome: Outcome,
+    *,
+    gpu: int | None = 0,
+    core: int | None = None,
+    time: float = T0,
+    tflops: float | None = None,
+    histogram: tuple[int, ...] = (),
+) -> CanaryResult:
+    kind, dtype = canary.rsplit("_", 1)
+    return CanaryResult(
+        canary=canary,
+        kind=kind,  # type: ignore[arg-type]
+        dtype=dtype,
+        seed=1,
+        shape=(128, 128, 128),
+        result=outcome,
+        duration_seconds=0.25,
+        gpu=None if core is not None else gpu,
+        cpu_core=core,
+        time=time,
+        tflops=tflops,
+        mismatch_count=1 if histogram else 0,
+        bit_histogram=histogram,
+    )
+
+
+STATS = (
+    CanaryStats()
+    .add(
+        [
+            result("gemm_exact_fp16", "pass", tflops=12.5),
+            result("int_chain_u32", "pass"),
+            result("gemm_exact_fp16", "pass", gpu=1, tflops=12.0),
+        ]
+    )
+    .add(
+        [
+            result("gemm_exact_fp16", "mismatch", time=T0 + 600, tflops=12.4, histogram=(1, 0, 1)),
+            result("int_chain_u32", "pass", time=T0 + 600),
+        ]
+    )
+    .add([result("gemm_exact_fp16", "timeout", gpu=1, time=T0 + 600)])
+    .add([result("int_chain_u32", "pass", core=3, time=T0 + 700)])
+)
+
+
+class Collector:
+    def __init__(self, stats: CanaryStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        return families(self.stats)
+
+
+def render(stats: CanaryStats) -> str:
+    registry = CollectorRegistry()
+    registry.register(Collector(stats))
+    return generate_latest(registry).decode()
+
+
+def lines(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def test_runs_are_counted_by_outcome_with_every_outcome_present() -> None:
+    text = render(STATS)
+    assert lines(text, "gpuwatchd_canary_runs_total") == [
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="0",result="pass"} 1.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="0",result="mismatch"} 1.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="0",result="error"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="0",result="timeout"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="int_chain_u32",gpu="0",result="pass"} 2.0',
+        'gpuwatchd_canary_runs_total{canary="int_chain_u32",gpu="0",result="mismatch"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="int_chain_u32",gpu="0",result="error"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="int_chain_u32",gpu="0",result="timeout"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="1",result="pass"} 1.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="1",result="mismatch"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="1",result="error"} 0.0',
+        'gpuwatchd_canary_runs_total{canary="gemm_exact_fp16",gpu="1",result="timeout"} 1.0',
+    ]
+
+
+def test_the_last_pass_is_the_last_burst_in_which_everything_passed() -> None:
+    found = lines(render(STATS), "gpuwatchd_canary_last_pass_timestamp_seconds")
+    assert [line.split(" ")[0] for line in found] == [
+        'gpuwatchd_canary_last_pass_timestamp_seconds{gpu="0"}',
+        'gpuwatchd_canary_last_pass_timestamp_seconds{gpu="1"}',
+    ]
+    assert [float(line.split(" ")[1]) for line in found] == [T0, T0]
+
+
+def test_duration_throughput_and_flipped_bits_of_the_latest_runs() -> None:
+    text = render(STATS)
+    assert 'gpuwatchd_canary_duration_seconds{canary="int_chain_u32",gpu="0"} 0.25' in text
+    assert lines(text, "gpuwatchd_canary_tflops") == [
+        'gpuwatchd_canary_tflops{canary="gemm_exact_fp16",gpu="0"} 12.4',
+    ]
+    assert lines(text, "gpuwatchd_canary_bit_flips_total") == [
+        'gpuwatchd_canary_bit_flips_total{canary="gemm_exact_fp16",gpu="0"} 2.0',
+        'gpuwatchd_canary_bit_flips_total{canary="int_chain_u32",gpu="0"} 0.0',
+        'gpuwatchd_canary_bit_flips_total{canary="gemm_exact_fp16",gpu="1"} 0.0',
+    ]
+
+
+def test_host_cores_have_their_own_series() -> None:
+    text = render(STATS)
+    assert (
+        'gpuwatchd_canary_cpu_runs_total{canary="int_chain_u32",core="3",result="pass"} 1.0' in text
+    )
+    assert 'gpu="3"' not in text
+
+
+def test_no_runs_no_series() -> None:
+    text = render(CanaryStats())
+    assert [line for line in text.splitlines() if not line.startswith("#")] == []
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+@pytest.mark.parametrize("stats", [STATS, CanaryStats()], ids=["runs", "empty"])
+def test_the_rendered_families_pass_promtool(stats: CanaryStats) -> None:
+    checked = subprocess.run(
+        ["promtool", "check", "metrics"],
+        input=render(stats),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout + checked.stderr == ""
