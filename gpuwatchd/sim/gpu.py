@@ -278,7 +278,7 @@ def _sum(waves: tuple[_Wave, _Wave], t: float) -> float:
 class _Background:
     """One GPU's healthy behaviour under a busy training load, drawn from the seed."""
 
-    def __init__(self, rng: random.Random, spec: GpuSpec, links: int) -> None:
+    def __init__(self, rng: random.Random, spec: GpuSpec) -> None:
         low, high = spec.busy_power_watts
         self.temperature_base = rng.uniform(59.0, 66.0)
         self.temperature = _waves(rng, 4.0)
@@ -294,9 +294,6 @@ class _Background:
         # Most GPUs count no corrected ECC errors; a few count one now and then.
         self.corrected_ecc_per_s = rng.choice((0.0, 0.0, 0.0, rng.uniform(1 / 7200, 1 / 900)))
         self.corrected_ecc_history = rng.choice((0, 0, rng.randint(1, 40)))
-        self.link_crc_per_s = tuple(
-            rng.uniform(1 / 3600, 1 / 600) if rng.random() < 0.1 else 0.0 for _ in range(links)
-        )
 
     def temperature_at(self, t: float) -> float:
         return min(72.0, max(55.0, self.temperature_base + _sum(self.temperature, t)))
@@ -352,9 +349,7 @@ class _GpuModel:
     def __init__(self, gpu: SimulatedGpu, faults: tuple[Fault, ...], seed: int) -> None:
         self.gpu = gpu
         self._faults = faults
-        self._background = _Background(
-            random.Random(f"{seed}/gpu/{gpu.index}"), gpu.spec, gpu.nvlinks
-        )
+        self._background = _Background(random.Random(f"{seed}/gpu/{gpu.index}"), gpu.spec)
         for fault in faults:
             if fault.link is not None and fault.link >= gpu.nvlinks:
                 raise ValueError(
@@ -465,11 +460,12 @@ class _GpuModel:
 
     def _link(self, link: int, t: float) -> LinkState:
         storms = self._of("nvlink_crc_storm", link)
-        background = math.floor(self._background.link_crc_per_s[link] * t)
+        # A healthy link counts no errors at all: every replay is worth a
+        # warning (DCGM fails on any), so the calm node has none.
         counters = dict.fromkeys(NVLINK_ERROR_TYPES, 0) | {
-            "crc_flit": background + _grown(storms, t),
+            "crc_flit": _grown(storms, t),
             "crc_data": _grown(storms, t, CRC_DATA_SHARE),
-            "replay": background + _grown(storms, t),
+            "replay": _grown(storms, t),
             "recovery": _grown(storms, t, RECOVERY_SHARE),
         }
         return LinkState(
