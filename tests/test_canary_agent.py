@@ -1,0 +1,183 @@
+"""The daemon's canary agent, end to end on a simulated node: bursts on the
+CPU backend standing in for each GPU, on the injected clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuwatchd.canary.agent import CanaryAgent, StandIn
+from gpuwatchd.canary.config import CanaryConfig
+from gpuwatchd.canary.crosscheck import DigestBook
+from gpuwatchd.canary.export import families
+from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.worker import run_in_process
+from gpuwatchd.clock import FakeClock
+from gpuwatchd.model import GpuSample, Severity, XidEvent
+
+T = TypeVar("T")
+POLL = 10.0
+
+
+class InlineExecutor(Executor):
+    """Runs each burst as it is submitted: the agent sees it done at its next poll."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def gpus(count: int, utilization: float = 0.0) -> list[GpuSample]:
+    return [
+        GpuSample(
+            index=i,
+            up=True,
+            uuid=f"GPU-{i}",
+            utilization_gpu_ratio=utilization,
+            temperature_gpu_celsius=55.0,
+            sm_clock_hertz=1.98e9,
+        )
+        for i in range(count)
+    ]
+
+
+def agent(
+    clock: FakeClock,
+    faults: Callable[[int], tuple[FaultSpec, ...]] = lambda gpu: (),
+    config: CanaryConfig | None = None,
+    **options: Any,
+) -> CanaryAgent:
+    return CanaryAgent(
+        config or CanaryConfig(host_cores=False),
+        clock,
+        gpu_backend="cpu",
+        stand_in=StandIn("NVIDIA H100 80GB HBM3", 132),
+        faults=faults,
+        runner=run_in_process,
+        executor=InlineExecutor(),
+        **options,
+    )
+
+
+def on_gpu_1(mode: str) -> Callable[[int], tuple[FaultSpec, ...]]:
+    return lambda gpu: (FaultSpec(mode, seed=3),) if gpu == 1 else ()
+
+
+def test_a_gpu_with_a_consistent_wrong_answer_is_confirmed_within_three_polls() -> None:
+    clock = FakeClock()
+    canaries = agent(clock, on_gpu_1("consistent"))
+    node = gpus(3)
+    views = []
+    for _ in range(3):
+        views.append(canaries.poll(node))
+        clock.advance(POLL)
+    assert views[0].findings == () and views[1].findings == ()  # a lead, then its re-runs
+    [finding] = views[2].findings
+    assert (finding.subject, finding.code, finding.severity) == (
+        "gpu:1",
+        "sdc_confirmed",
+        Severity.CRITICAL,
+    )
+    assert finding.definitive and finding.evidence["uuid"] == "GPU-1"
+    stats = views[2].stats
+    assert stats.runs[("gpu:1", "gemm_exact_fp16", "mismatch")] == 2  # the burst and the re-run
+    assert stats.runs[("gpu:2", "gemm_exact_fp16", "pass")] == 2  # the burst and the sibling's
+    assert ("gpu:0", "gemm_exact_fp16", "mismatch") not in stats.runs
+    assert stats.latest[("gpu:0", "int_chain_u32")].temperature_celsius == 55.0
+    names = {family.name for family in families(stats)}
+    assert "gpuwatchd_canary_runs" in names and "gpuwatchd_canary_tflops" in names
+
+
+def test_a_fault_that_does_not_reproduce_is_watched_then_confirmed() -> None:
+    clock = FakeClock()
+    bursts = {"gpu 1": 0}
+
+    def first_burst_only(gpu: int) -> tuple[FaultSpec, ...]:
+        if gpu != 1:
+            return ()
+        bursts["gpu 1"] += 1
+        # The first burst and the watched one after the re-run see the fault.
+        return (FaultSpec("lsb"),) if bursts["gpu 1"] in (1, 3) else ()
+
+    config = CanaryConfig(host_cores=False, watch_interval=60.0)
+    canaries = agent(clock, first_burst_only, config)
+    node = gpus(3)
+    for _ in range(3):
+        view = canaries.poll(node)
+        clock.advance(POLL)
+    assert [f.code for f in view.findings] == ["sdc_suspected"]
+    # Watched: the next burst comes after the watch interval, not the regular one.
+    clock.advance(60.0)
+    canaries.poll(node)
+    clock.advance(POLL)
+    [finding] = canaries.poll(node).findings
+    assert finding.code == "sdc_confirmed"
+
+
+def test_busy_gpus_are_left_alone_when_canaries_run_only_on_idle_ones() -> None:
+    clock = FakeClock()
+    canaries = agent(clock)
+    for _ in range(3):
+        view = canaries.poll(gpus(2, utilization=0.9))
+        clock.advance(POLL)
+    assert view.stats.runs == {}
+
+
+def test_an_xid_during_a_burst_fails_it_instead_of_raising_a_lead() -> None:
+    clock = FakeClock()
+    canaries = agent(clock, on_gpu_1("consistent"))
+    canaries.poll(gpus(3))
+    xid = XidEvent(gpu=1, code=79, time=clock.now() + 1)
+    clock.advance(POLL)
+    view = canaries.poll(gpus(3), [xid])
+    clock.advance(POLL)
+    view = canaries.poll(gpus(3), [xid])
+    assert view.findings == ()
+    assert view.stats.runs[("gpu:1", "gemm_exact_fp16", "error")] == 1
+    assert view.stats.latest[("gpu:1", "gemm_exact_fp16")].message == "XID 79 during the burst"
+
+
+def test_the_host_cores_are_checked_without_gpus() -> None:
+    clock = FakeClock()
+    canaries = CanaryAgent(
+        CanaryConfig(),
+        clock,
+        gpu_backend=None,
+        host_cores=(0,),
+        runner=run_in_process,
+        executor=InlineExecutor(),
+    )
+    canaries.poll(gpus(2))
+    clock.advance(POLL)
+    view = canaries.poll(gpus(2))
+    assert {target for target, _, _ in view.stats.runs} == {"cpu:0"}
+    assert view.stats.last_pass["cpu:0"] == clock.now() - POLL  # it ran during the first poll
+
+
+def test_agreed_digests_outlive_the_agent(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "canary-digests.json"
+    clock = FakeClock()
+    canaries = agent(clock, digest_path=str(path))
+    canaries.poll(gpus(3))
+    clock.advance(POLL)
+    canaries.poll(gpus(3))
+    book = DigestBook.from_json(path.read_text())
+    assert len(book.reference) == 2  # the fp32 and bf16 full-mantissa GEMMs
+    # A restarted agent judges a lone bad GPU against them at once.
+    clock = FakeClock()
+    restarted = agent(clock, on_gpu_1("lane"), digest_path=str(path))
+    restarted.poll(gpus(3)[1:2])
+    clock.advance(POLL)
+    stats = restarted.poll(gpus(3)[1:2]).stats
+    assert stats.runs[("gpu:1", "gemm_random_fp32", "mismatch")] == 1
+
+
+def test_a_disabled_agent_runs_nothing() -> None:
+    clock = FakeClock()
+    canaries = agent(clock, config=CanaryConfig(enabled=False))
+    canaries.poll(gpus(2))
+    clock.advance(POLL)
+    assert canaries.poll(gpus(2)).stats.runs == {}
