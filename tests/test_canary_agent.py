@@ -3,6 +3,8 @@ CPU backend standing in for each GPU, on the injected clock."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -181,3 +183,15 @@ def test_a_disabled_agent_runs_nothing() -> None:
     canaries.poll(gpus(2))
     clock.advance(POLL)
     assert canaries.poll(gpus(2)).stats.runs == {}
+
+
+def test_the_daemon_side_does_not_import_numpy() -> None:
+    # The suite's numerics run in the worker; the daemon stays lean.
+    code = (
+        "import sys, gpuwatchd.canary.agent, gpuwatchd.canary.export, gpuwatchd.canary.cli; "
+        "print('numpy' in sys.modules)"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert imported.stdout.strip() == "False"

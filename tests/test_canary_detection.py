@@ -118,6 +118,17 @@ def test_intermittent_faults_are_rare_on_a_cool_gpu() -> None:
     assert sum(r.result == "mismatch" for r in results) <= 3
 
 
+def test_an_intermittent_fault_comes_and_goes_from_burst_to_burst() -> None:
+    spec = CanarySpec("int_chain", "u32", (256, 16), seed=1)
+    outcomes = []
+    for burst in range(40):
+        faulty = FaultyBackend(stand_in(), FaultSpec("intermittent", 5), 88.0, draw=burst)
+        outcomes.append(run_canary(faulty, spec, RunContext(gpu=0)).result)
+    assert 5 < outcomes.count("mismatch") < 35
+    again = FaultyBackend(stand_in(), FaultSpec("intermittent", 5), 88.0, draw=7)
+    assert run_canary(again, spec, RunContext(gpu=0)).result == outcomes[7]  # deterministic
+
+
 def test_a_lane_fault_is_localised_to_its_lane() -> None:
     faulty = FaultyBackend(stand_in(), FaultSpec("lane"))
     for spec in SUITE:

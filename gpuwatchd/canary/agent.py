@@ -119,6 +119,7 @@ class CanaryAgent:
         self._jobs: dict[str, _Job] = {}
         self._reruns: list[Rerun] = []
         self._bursts: dict[str, int] = {}
+        self._draws = 0  # bursts started, re-runs included
         self._schedule = schedule.ScheduleState()
         self._confirm = ConfirmState()
         self._book = self._load_digests()
@@ -248,11 +249,13 @@ class CanaryAgent:
             stand_in_sm_count=self._stand_in.sm_count if self._stand_in else None,
             faults=self._faults(gpu),
             temperature_celsius=sample.temperature_gpu_celsius if sample else None,
+            fault_draw=self._draws,
             reference_cache=config.reference_cache,
             hbm_free_fraction=config.hbm_free_fraction,
         )
 
     def _submit(self, key: str, request: BurstRequest, rerun: Rerun | None) -> None:
+        self._draws += 1
         future = self._executor.submit(self._run, request)
         self._jobs[key] = _Job(future, rerun)
 

@@ -58,14 +58,19 @@ def intermittent_probability(temperature_celsius: float | None) -> float:
 
 class FaultyBackend:
     def __init__(
-        self, inner: Backend, fault: FaultSpec, temperature_celsius: float | None = None
+        self,
+        inner: Backend,
+        fault: FaultSpec,
+        temperature_celsius: float | None = None,
+        draw: int = 0,
     ) -> None:
+        """`draw` numbers the bursts an intermittent fault is drawn for: the
+        same seed, draw and calls give the same flips, and the next burst
+        (a re-run, say) draws afresh."""
         self._inner = inner
         self._fault = fault
         self._temperature = temperature_celsius
-        # Intermittent faults draw from one stream per backend: the same seed
-        # and the same calls give the same flips.
-        self._random = np.random.default_rng([fault.seed, 7])
+        self._random = np.random.default_rng([fault.seed, 7, draw])
 
     @property
     def info(self) -> DeviceInfo:

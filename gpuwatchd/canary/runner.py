@@ -71,8 +71,10 @@ class BurstRequest:
     stand_in_model: str | None = None
     stand_in_sm_count: int | None = None
     faults: tuple[FaultSpec, ...] = ()
-    # The GPU's temperature as the burst starts (drives intermittent faults).
+    # The GPU's temperature as the burst starts, and which burst this is:
+    # what simulated intermittent faults are drawn from.
     temperature_celsius: float | None = None
+    fault_draw: int = 0
     reference_cache: str | None = None
     hbm_free_fraction: float = 0.05
 

@@ -54,7 +54,9 @@ def digest(values: NDArray[Any]) -> str:
 class ReferenceCache:
     """Digests of exact references by canary, shape and seed: in memory, and
     in `directory` (one small file each) when given, so later bursts skip
-    the reference. Only references computed here are ever stored."""
+    the reference. Only references computed here are ever stored, and an
+    output whose digest differs is always compared with a freshly computed
+    reference: a stale or damaged entry costs time, never a false mismatch."""
 
     def __init__(self, directory: str | None = None) -> None:
         self._directory = Path(directory) if directory else None

@@ -43,7 +43,7 @@ def open_request_backend(request: BurstRequest) -> Backend:
         uuid=request.uuid,
     )
     for fault in request.faults:
-        backend = FaultyBackend(backend, fault, request.temperature_celsius)
+        backend = FaultyBackend(backend, fault, request.temperature_celsius, request.fault_draw)
     return backend
 
 
