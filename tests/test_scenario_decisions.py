@@ -1,0 +1,275 @@
+"""Every scenario kind through the whole daemon: the simulated node, the
+production sources, the checks, policy and the store, on an injected clock.
+
+Each row states the finding a kind must raise, the health it must bring its
+subject to, whether that ends in a quarantine, and by when (seconds after the
+fault began, at the default 10 s poll and default policy). The note's table of
+time to decision is this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from daemon_support import SimulatedDaemon, simulated_daemon
+from gpuwatchd.config import Config, DaemonConfig
+from gpuwatchd.model import Health, Severity
+
+FAULT_AT = 10.0
+NODE = "node: {gpus: 4, nvlinks: 4, hcas: 2}\n"
+
+
+@dataclass(frozen=True)
+class Expected:
+    fault: str
+    subject: str
+    code: str
+    severity: Severity
+    health: Health
+    # Seconds after the fault began by which `health` is reached.
+    within: float
+    node_quarantined: bool = False
+
+
+CASES: dict[str, Expected] = {
+    "thermal_throttle": Expected(
+        "{kind: thermal_throttle, gpu: 1}",
+        "gpu:1",
+        "thermal_throttling",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
+    "clock_drift": Expected(
+        "{kind: clock_drift, gpu: 1}",
+        "gpu:1",
+        "clock_drift",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        1150,
+        node_quarantined=True,
+    ),
+    "nvlink_crc_storm": Expected(
+        "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",
+        "nvlink:1/2",
+        "nvlink_crc_storm",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        440,
+        node_quarantined=True,
+    ),
+    "nvlink_down": Expected(
+        "{kind: nvlink_down, gpu: 1, link: 2}",
+        "nvlink:1/2",
+        "nvlink_down",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        310,
+        node_quarantined=True,
+    ),
+    "ecc_sbe_storm": Expected(
+        "{kind: ecc_sbe_storm, gpu: 1, rate: 1/s}",
+        "gpu:1",
+        "ecc_sbe_storm",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
+    "ecc_uncorrectable": Expected(
+        "{kind: ecc_uncorrectable, gpu: 1}",
+        "gpu:1",
+        "ecc_uncorrectable",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        10,
+        node_quarantined=True,
+    ),
+    "row_remap_pending": Expected(
+        "{kind: row_remap_pending, gpu: 1}",
+        "gpu:1",
+        "row_remap_pending",
+        Severity.WARN,
+        Health.DEGRADED,
+        40,
+    ),
+    "row_remap_failure": Expected(
+        "{kind: row_remap_failure, gpu: 1}",
+        "gpu:1",
+        "row_remap_failure",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        10,
+        node_quarantined=True,
+    ),
+    "xid_hardware": Expected(
+        "{kind: xid, gpu: 1, code: 79}",
+        "gpu:1",
+        "xid_hardware",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        10,
+        node_quarantined=True,
+    ),
+    "xid_application": Expected(
+        "{kind: xid, gpu: 1, code: 13}",
+        "gpu:1",
+        "xid_application",
+        Severity.OK,
+        Health.HEALTHY,
+        10,
+    ),
+    "gpu_lost": Expected(
+        "{kind: gpu_lost, gpu: 1}",
+        "gpu:1",
+        "gpu_lost",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        10,
+        node_quarantined=True,
+    ),
+    "ib_symbol_errors": Expected(
+        "{kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}",
+        "ib:mlx5_1/1",
+        "ib_symbol_errors",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        360,
+    ),
+    "ib_link_flap": Expected(
+        "{kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/min}",
+        "ib:mlx5_1/1",
+        "ib_link_flapping",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        370,
+    ),
+    "ib_port_down": Expected(
+        "{kind: ib_port_down, hca: mlx5_1, port: 1}",
+        "ib:mlx5_1/1",
+        "ib_port_down",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        310,
+    ),
+    "ib_congestion": Expected(
+        "{kind: ib_congestion, hca: mlx5_1, port: 1, rate: 20000000/s}",
+        "ib:mlx5_1/1",
+        "ib_xmit_discards",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
+}
+
+
+def _scenario(fault: str) -> str:
+    return NODE + f"faults: [{fault[:-1]}, at: {FAULT_AT:g}s}}]\n"
+
+
+def _run_to_decision(sim: SimulatedDaemon, expected: Expected) -> float | None:
+    """Poll until the subject reaches the expected health; seconds after the fault."""
+    interval = sim.daemon.config.daemon.poll_interval
+    while (elapsed := sim.clock.now() - sim.start - FAULT_AT) <= expected.within + interval:
+        snapshot = sim.daemon.step()
+        if snapshot.health.get(expected.subject) == expected.health and any(
+            f.subject == expected.subject and f.code == expected.code for f in snapshot.findings
+        ):
+            return max(0.0, elapsed)
+        sim.clock.advance(interval)
+    return None
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_scenario_kind_reaches_its_finding_health_and_decision(kind: str, tmp_path: Path) -> None:
+    expected = CASES[kind]
+    with simulated_daemon(_scenario(expected.fault), tmp_path) as sim:
+        took = _run_to_decision(sim, expected)
+        assert took is not None, f"{kind}: {expected.subject} never became {expected.health.label}"
+        assert took <= expected.within
+        snapshot = sim.daemon.snapshot
+        finding = next(
+            f
+            for f in snapshot.findings
+            if f.subject == expected.subject and f.code == expected.code
+        )
+        assert finding.severity == expected.severity and finding.check
+        quarantined = {q.subject for q in snapshot.quarantines}
+        assert (expected.subject in quarantined) == (expected.health is Health.QUARANTINED)
+        assert ("node" in quarantined) == expected.node_quarantined
+        # Nothing else on the node is judged unwell.
+        others = {
+            subject
+            for subject, health in snapshot.health.items()
+            if health is not Health.HEALTHY and subject not in (expected.subject, "node")
+        }
+        assert others == set()
+
+
+def test_power_cap_is_not_a_fault(tmp_path: Path) -> None:
+    with simulated_daemon(_scenario("{kind: power_cap, gpu: 1}"), tmp_path) as sim:
+        snapshot = sim.run_until(900)
+    assert snapshot.node_health is Health.HEALTHY
+    assert [f for f in snapshot.findings if f.severity is not Severity.OK] == []
+
+
+def test_calm_node_stays_healthy_for_an_hour(tmp_path: Path) -> None:
+    polls = Config(daemon=DaemonConfig(poll_interval=30))
+    with simulated_daemon(NODE + "faults: []\n", tmp_path, polls) as sim:
+        snapshot = sim.run_until(3600)
+    assert snapshot.node_health is Health.HEALTHY
+    assert snapshot.findings == () and snapshot.quarantines == ()
+
+
+def test_a_single_short_nvlink_burst_does_not_quarantine(tmp_path: Path) -> None:
+    burst = "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s, for: 30s}"
+    with simulated_daemon(_scenario(burst), tmp_path) as sim:
+        worst = max(
+            (sim.run_until(t).health.get("nvlink:1/2", Health.HEALTHY) for t in range(0, 900, 60)),
+        )
+        snapshot = sim.run_until(900)
+    assert worst is Health.DEGRADED
+    assert snapshot.quarantines == ()
+
+
+def test_degraded_gpu_recovers_only_after_a_longer_quiet_period(tmp_path: Path) -> None:
+    throttle = "{kind: thermal_throttle, gpu: 1, for: 2m}"
+    with simulated_daemon(_scenario(throttle), tmp_path) as sim:
+        assert sim.run_until(120).health["gpu:1"] is Health.DEGRADED
+        # The throttle ended at 130 s; the 5-minute thermal window still holds it
+        # and recovery then needs 5 quiet minutes (recover_after) on top.
+        assert sim.run_until(600).health["gpu:1"] is Health.DEGRADED
+        assert sim.run_until(1200).health["gpu:1"] is Health.HEALTHY
+
+
+def test_hardware_quarantine_survives_restart_and_is_never_auto_released(tmp_path: Path) -> None:
+    scenario = _scenario("{kind: ecc_uncorrectable, gpu: 1}")
+    with simulated_daemon(scenario, tmp_path) as sim:
+        assert "gpu:1" in {q.subject for q in sim.run_until(30).quarantines}
+    # A new daemon on the same state directory: the fault is long gone from the
+    # counters' window, but the quarantine stays, hours later.
+    slow_polls = Config(daemon=DaemonConfig(poll_interval=60))
+    with simulated_daemon(NODE + "faults: []\n", tmp_path, slow_polls) as sim:
+        first = sim.daemon.step()
+        assert {q.subject for q in first.quarantines} >= {"gpu:1", "node"}
+        later = sim.run_until(3 * 3600)
+    quarantine = next(q for q in later.quarantines if q.subject == "gpu:1")
+    assert quarantine.hardware and quarantine.source == "auto"
+    assert later.health["gpu:1"] is Health.QUARANTINED
+
+
+def test_gpu_returning_after_loss_stays_quarantined(tmp_path: Path) -> None:
+    with simulated_daemon(_scenario("{kind: gpu_lost, gpu: 1, for: 60s}"), tmp_path) as sim:
+        snapshot = sim.run_until(600)
+    assert next(g for g in snapshot.gpus if g.index == 1).up
+    assert snapshot.health["gpu:1"] is Health.QUARANTINED
+
+
+def test_infiniband_counter_reset_raises_nothing(tmp_path: Path) -> None:
+    with simulated_daemon(NODE + "faults: []\n", tmp_path) as sim:
+        sim.run_until(300)
+        sim.node.fabric.reset_counters("mlx5_0", sim.clock.now())
+        snapshot = sim.run_until(900)
+    assert [f for f in snapshot.findings if f.severity is not Severity.OK] == []
