@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import logging
 import os
 import signal
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from contextlib import ExitStack
@@ -33,6 +36,7 @@ from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import render_table
+from gpuwatchd.store import DB_NAME, JournalEntry, Store, StoreError
 from gpuwatchd.units import parse_duration
 
 log = logging.getLogger("gpuwatchd")
@@ -215,3 +219,56 @@ def check_config(path: str) -> None:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     click.echo(f"{path}: ok")
+
+
+def _format_entry(entry: JournalEntry) -> str:
+    when = datetime.datetime.fromtimestamp(entry.time, tz=datetime.UTC)
+    parts = [when.strftime("%Y-%m-%d %H:%M:%SZ"), entry.kind, entry.subject]
+    if entry.code:
+        parts.append(f"{entry.check}/{entry.code}" if entry.check else entry.code)
+    if entry.severity:
+        parts.append(entry.severity)
+    if entry.source:
+        parts.append(f"({entry.source}{', ' + entry.operator if entry.operator else ''})")
+    if entry.dry_run:
+        parts.append("[dry run]")
+    return " ".join(parts) + f": {entry.message}"
+
+
+@main.command()
+@click.option(
+    "--since",
+    callback=_duration,
+    default="24h",
+    show_default=True,
+    help="How far back, such as 30m or 7d.",
+)
+@click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@click.option("--state-dir", type=click.Path(file_okay=False), help="State directory.")
+def journal(
+    since: float,
+    subject: str | None,
+    as_json: bool,
+    config_path: str | None,
+    state_dir: str | None,
+) -> None:
+    """Findings, health changes and decisions, oldest first, from the state database."""
+    directory = state_dir or _load(config_path).daemon.state_dir
+    path = os.path.join(directory, DB_NAME)
+    if not os.path.exists(path):
+        raise click.ClickException(f"no state database at {path} (has gpuwatchd run here?)")
+    try:
+        store = Store.open(directory)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from error
+    try:
+        entries = store.journal(since=time.time() - since, subject=subject)
+    finally:
+        store.close()
+    for entry in entries:
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
+        else:
+            click.echo(_format_entry(entry))
