@@ -86,6 +86,13 @@ def test_a_gpu_with_a_consistent_wrong_answer_is_confirmed_within_three_polls() 
     assert finding.definitive and finding.evidence["uuid"] == "GPU-1"
     stats = views[2].stats
     assert stats.runs[("gpu:1", "gemm_exact_fp16", "mismatch")] == 2  # the burst and the re-run
+    # A confirmed GPU runs no more canaries.
+    clock.advance(CanaryConfig().interval)
+    canaries.poll(node)
+    clock.advance(POLL)
+    later = canaries.poll(node).stats
+    assert later.runs[("gpu:1", "gemm_exact_fp16", "mismatch")] == 2
+    assert later.runs[("gpu:0", "gemm_exact_fp16", "pass")] == 2
     assert stats.runs[("gpu:2", "gemm_exact_fp16", "pass")] == 2  # the burst and the sibling's
     assert ("gpu:0", "gemm_exact_fp16", "mismatch") not in stats.runs
     assert stats.latest[("gpu:0", "int_chain_u32")].temperature_celsius == 55.0
@@ -121,7 +128,7 @@ def test_a_fault_that_does_not_reproduce_is_watched_then_confirmed() -> None:
 
 def test_busy_gpus_are_left_alone_when_canaries_run_only_on_idle_ones() -> None:
     clock = FakeClock()
-    canaries = agent(clock)
+    canaries = agent(clock, config=CanaryConfig(host_cores=False, when="idle"))
     for _ in range(3):
         view = canaries.poll(gpus(2, utilization=0.9))
         clock.advance(POLL)
@@ -175,6 +182,24 @@ def test_agreed_digests_outlive_the_agent(tmp_path: Path) -> None:
     clock.advance(POLL)
     stats = restarted.poll(gpus(3)[1:2]).stats
     assert stats.runs[("gpu:1", "gemm_random_fp32", "mismatch")] == 1
+
+
+def test_busy_gpus_get_their_bursts_within_the_duty_cycle_by_default() -> None:
+    clock = FakeClock()
+    canaries = agent(clock)
+    canaries.poll(gpus(2, utilization=0.9))
+    clock.advance(POLL)
+    view = canaries.poll(gpus(2, utilization=0.9))
+    assert view.stats.runs[("gpu:1", "gemm_exact_bf16", "pass")] == 1
+
+
+def test_quarantined_gpus_run_no_canaries() -> None:
+    clock = FakeClock()
+    canaries = agent(clock)
+    canaries.poll(gpus(3), quarantined={"gpu:2"})
+    clock.advance(POLL)
+    view = canaries.poll(gpus(3), quarantined={"gpu:2"})
+    assert {target for target, _, _ in view.stats.runs} == {"gpu:0", "gpu:1"}
 
 
 def test_a_disabled_agent_runs_nothing() -> None:

@@ -120,14 +120,25 @@ class CanaryAgent:
         self._reruns: list[Rerun] = []
         self._bursts: dict[str, int] = {}
         self._draws = 0  # bursts started, re-runs included
+        self._out_of_service: frozenset[str] = frozenset()
         self._schedule = schedule.ScheduleState()
         self._confirm = ConfirmState()
         self._book = self._load_digests()
         self._stats = CanaryStats()
 
-    def poll(self, gpus: Sequence[GpuSample], xid_events: Sequence[XidEvent] = ()) -> CanaryView:
+    def poll(
+        self,
+        gpus: Sequence[GpuSample],
+        xid_events: Sequence[XidEvent] = (),
+        quarantined: Collection[str] = (),
+    ) -> CanaryView:
+        """`gpus`: the latest sample of every GPU; `xid_events`: the XIDs
+        since at least the oldest running burst began; `quarantined`: the
+        subjects out of service, which run no canaries (nor do GPUs this
+        agent confirmed)."""
         now = self._clock.now()
         self._samples = MappingProxyType({gpu.index: gpu for gpu in gpus if gpu.up})
+        self._out_of_service = frozenset(quarantined) | frozenset(self._confirm.confirmed)
         if not self._config.enabled:
             return CanaryView((), self._stats)
         self._collect(now, xid_events)
@@ -150,8 +161,9 @@ class CanaryAgent:
         )
 
     def _targets(self) -> tuple[str, ...]:
-        gpus = tuple(f"gpu:{i}" for i in sorted(self._samples)) if self._gpu_backend else ()
-        return gpus + tuple(f"cpu:{core}" for core in self._cores)
+        gpus = [f"gpu:{i}" for i in sorted(self._samples)] if self._gpu_backend else []
+        cores = [f"cpu:{core}" for core in self._cores]
+        return tuple(t for t in gpus + cores if t not in self._out_of_service)
 
     def _idle(self, key: str) -> bool:
         if key == schedule.HOST:

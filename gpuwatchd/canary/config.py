@@ -14,8 +14,9 @@ MIB = 1024 * 1024
 @dataclass(frozen=True)
 class CanaryConfig:
     enabled: bool = True
-    # Where the suite runs: `cuda` (CuPy), `cpu` (NumPy), or `auto` (CUDA when
-    # CuPy and a GPU are there, else the CPU).
+    # What checks the GPUs: `cuda` (CuPy); `cpu` checks the host's cores only
+    # (and stands in for a simulated node's GPUs); `auto` is `cuda` when a
+    # worker finds CuPy and a GPU, else `cpu`.
     backend: Literal["auto", "cuda", "cpu"] = "auto"
     # One burst per GPU this often. Ten minutes at about a second each is
     # well under 0.2 % of GPU time, yet a GPU that turns bad is caught within
@@ -27,9 +28,12 @@ class CanaryConfig:
     # Hard limit on one burst's worker process (its start, CUDA context and
     # canaries); past it the worker is killed and the burst is a `timeout`.
     timeout: Seconds = 60.0
-    # `idle`: only while the GPU is idle, so a canary never competes with a
-    # job for time or memory. `always`: also under load, within `duty_cycle`.
-    when: Literal["idle", "always"] = "idle"
+    # `always`: also while a job runs, within `duty_cycle`, so a GPU that is
+    # busy for days is still checked (GpuwatchdCanaryOverdue expects a pass
+    # every few hours); a burst then takes a CUDA context (a few hundred MiB)
+    # and the HBM slice from the job's GPU. `idle`: only while the GPU is
+    # idle, never competing with a job, but a GPU never idle is never checked.
+    when: Literal["idle", "always"] = "always"
     # A GPU whose utilisation is at most this is idle. None (unknown) is busy.
     idle_utilization: float = 0.05
     # Share of GPU time canaries may take from a busy GPU (`when: always`),
