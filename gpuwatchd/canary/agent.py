@@ -289,6 +289,7 @@ class CanaryAgent:
                 "error",
                 f"the burst could not run: {error}",
                 gpu=request.gpu,
+                uuid=request.uuid,
                 cpu_core=core,
                 backend=request.backend,
             )

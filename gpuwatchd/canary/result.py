@@ -91,6 +91,7 @@ def failed(
     gpu: int | None,
     cpu_core: int | None,
     backend: str,
+    uuid: str | None = None,
     duration_seconds: float = 0.0,
 ) -> CanaryResult:
     """A canary that did not finish: `error` (crash, CUDA error) or `timeout` (hang)."""
@@ -103,6 +104,7 @@ def failed(
         result=outcome,
         duration_seconds=duration_seconds,
         gpu=gpu,
+        uuid=uuid,
         cpu_core=cpu_core,
         backend=backend,
         message=message,

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import IO
 
 from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.result import (
@@ -183,7 +183,7 @@ def stamp(result: CanaryResult, clock: Clock, telemetry: TelemetrySource) -> Can
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Progress:
     """The canary in flight (or, before the first starts, the first one)."""
 
@@ -208,57 +208,56 @@ def run_burst(
     progress: _Progress | None = _Progress(request.specs[0], first_core, time.monotonic())
     results: list[CanaryResult] = []
 
-    def finish(outcome: Outcome, message: str) -> None:
-        if progress is None:
-            return
-        result = failed(
-            progress.spec,
-            outcome,
-            message,
-            gpu=request.gpu,
-            cpu_core=progress.cpu_core,
-            backend=request.backend,
-            duration_seconds=time.monotonic() - progress.since,
-        )
-        results.append(stamp(replace(result, uuid=request.uuid), clock, telemetry))
+    def deliver(result: CanaryResult) -> None:
+        results.append(stamp(result, clock, telemetry))
         if on_result is not None:
             on_result(results[-1])
+
+    def fail(outcome: Outcome, message: str) -> None:
+        if progress is not None:
+            deliver(
+                failed(
+                    progress.spec,
+                    outcome,
+                    message,
+                    gpu=request.gpu,
+                    uuid=request.uuid,
+                    cpu_core=progress.cpu_core,
+                    backend=request.backend,
+                    duration_seconds=time.monotonic() - progress.since,
+                )
+            )
 
     worker = _Worker([], worker_environment(request), json.dumps(to_wire(request)))
     try:
         while (line := worker.next_line(deadline)) is not None:
             event = _parse(line)
-            if event is None:
-                continue
-            if "start" in event:
-                spec, core = event["start"]
-                progress = _Progress(spec, core, time.monotonic())
-            else:
-                result = stamp(event["result"], clock, telemetry)
-                results.append(result)
+            if isinstance(event, _Progress):
+                progress = event
+            elif event is not None:
+                deliver(event)
                 progress = None
-                if on_result is not None:
-                    on_result(result)
         status = worker.exit_status(deadline)
         if status != 0:
-            finish("error", worker.why_it_ended(status))
+            fail("error", worker.why_it_ended(status))
     except TimeoutError:
         worker.kill()
-        finish("timeout", f"no result within {timeout:g}s; the worker was killed")
+        fail("timeout", f"no result within {timeout:g}s; the worker was killed")
     finally:
         worker.kill()
     return BurstOutcome(request, tuple(results), started, clock.now())
 
 
-def _parse(line: str) -> dict[str, Any] | None:
-    """A protocol line as {"start": (spec, core)} or {"result": CanaryResult};
-    None for anything else (a stray line is not worth failing a burst)."""
+def _parse(line: str) -> _Progress | CanaryResult | None:
+    """A protocol line: a canary starting, or its result; None for anything
+    else (a stray line is not worth failing a burst)."""
     try:
         message = json.loads(line)
         if message.get("event") == "start":
-            return {"start": (from_wire(CanarySpec, message["spec"]), message.get("cpu_core"))}
+            spec = from_wire(CanarySpec, message["spec"])
+            return _Progress(spec, message.get("cpu_core"), time.monotonic())
         if message.get("event") == "result":
-            return {"result": from_wire(CanaryResult, message["result"])}
+            return from_wire(CanaryResult, message["result"])
     except (ValueError, KeyError, AttributeError, WireError):
         pass
     return None

@@ -19,17 +19,7 @@ Kind = Literal[
     "hbm_own_address",
     "hbm_moving_inversions",
 ]
-KINDS: tuple[Kind, ...] = (
-    "gemm_exact",
-    "gemm_random",
-    "int_chain",
-    "fma_chain",
-    "hbm_walking_ones",
-    "hbm_own_address",
-    "hbm_moving_inversions",
-)
 HBM_KINDS: tuple[Kind, ...] = ("hbm_walking_ones", "hbm_own_address", "hbm_moving_inversions")
-GEMM_KINDS: tuple[Kind, ...] = ("gemm_exact", "gemm_random")
 
 # Input formats of the exact GEMMs: the three tensor-core formats and the two
 # of the regular FP32/FP64 units.

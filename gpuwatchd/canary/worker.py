@@ -18,7 +18,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from gpuwatchd.canary.backend import Backend, open_backend
@@ -84,8 +83,16 @@ def _report_error(
     request: BurstRequest, spec: CanarySpec, core: int | None, error: Exception, emit: Emit
 ) -> None:
     message = f"{type(error).__name__}: {error}"
-    result = failed(spec, "error", message, gpu=request.gpu, cpu_core=core, backend=request.backend)
-    emit({"event": "result", "result": to_wire(replace(result, uuid=request.uuid))})
+    result = failed(
+        spec,
+        "error",
+        message,
+        gpu=request.gpu,
+        uuid=request.uuid,
+        cpu_core=core,
+        backend=request.backend,
+    )
+    emit({"event": "result", "result": to_wire(result)})
 
 
 def run_in_process(
