@@ -16,6 +16,7 @@ import importlib.util
 import random
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from test_dashboards import DASHBOARDS, expressions, load, substitute
 from test_prometheus_rules import EXPORTED_METRICS
 
@@ -94,6 +96,30 @@ NOT_EXPORTED_HERE = {
     "gpuwatchd_gpu_retired_pages",
     "gpuwatchd_gpu_retired_pages_pending",
 }
+
+
+def test_scaled_rules_divide_every_duration_and_still_load(tmp_path: Path) -> None:
+    for path in sorted((REPO / "config" / "prometheus" / "rules").glob("*.yml")):
+        scaled = demo_stack.scale_rules(yaml.safe_load(path.read_text()), TIME_SCALE)
+        (tmp_path / path.name).write_text(yaml.safe_dump(scaled))
+    rules = {
+        rule.get("alert") or rule["record"]: rule
+        for path in sorted(tmp_path.glob("*.yml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+    }
+    straggler = rules["GpuwatchdGpuClockStraggler"]
+    assert straggler["for"] == "15s"
+    assert "[10s]" in rules["gpuwatchd:gpu_sm_clock_under_load_hertz:avg10m"]["expr"]
+    assert "offset 15s" in rules["GpuwatchdXidHardwareFault"]["expr"]
+    assert "[360s:5s]" in rules["GpuwatchdGpuCountDropped"]["expr"]
+    result = subprocess.run(
+        ["promtool", "check", "rules", *map(str, sorted(tmp_path.glob("*.yml")))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _free_base_port() -> int:

@@ -82,7 +82,9 @@ def test_unit_writes_only_its_state_directory() -> None:
 def test_unit_reaches_the_gpus_and_no_other_device() -> None:
     assert _one("DevicePolicy") == "closed"
     allowed = _values("DeviceAllow")
-    assert "char-nvidia-frontend rw" in allowed  # /dev/nvidiactl and /dev/nvidia0..N
+    # /dev/nvidiactl and /dev/nvidia0..N, from the open and the proprietary kernel module.
+    assert "char-nvidia rw" in allowed
+    assert "char-nvidia-frontend rw" in allowed
     assert "char-nvidia-uvm rw" in allowed
     assert not [rule for rule in allowed if "infiniband" in rule]
 
