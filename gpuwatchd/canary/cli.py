@@ -30,7 +30,7 @@ import click
 
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
-from gpuwatchd.canary.faults import sdc_faults
+from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, sdc_faults
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, ProbedGpu, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite
@@ -41,9 +41,6 @@ from gpuwatchd.sim import scenario as scenarios
 EXIT_PASS = 0
 EXIT_MISMATCH = 1
 EXIT_CANNOT_RUN = 2
-# SMs of the emulated GPU a simulated node's CPU backend stands in for (an
-# H100 SXM's count); it only places threads for fault injection.
-SIMULATED_SM_COUNT = 132
 # How long finding out whether CUDA is there may take (CuPy's import and the
 # driver's start).
 PROBE_TIMEOUT_S = 60.0

@@ -46,6 +46,9 @@ FAULT_MODES: tuple[FaultMode, ...] = get_args(FaultMode)
 COMPUTE_MODES: tuple[FaultMode, ...] = ("lane", "sm", "consistent", "data", "intermittent", "lsb")
 MEMORY_MODES: tuple[FaultMode, ...] = ("stuck_bit", "address_alias")
 DEFAULT_MODE: FaultMode = "consistent"
+# SMs of the GPU the CPU backend stands in for on a simulated node (an H100
+# SXM's count): it only places the chains' threads, for SM faults to hit.
+SIMULATED_SM_COUNT = 132
 
 
 @dataclass(frozen=True)
