@@ -19,7 +19,7 @@ import random
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
@@ -107,39 +107,28 @@ class GpuSpec:
         return self.at_least("ampere")
 
 
+_H100 = GpuSpec(
+    name="NVIDIA H100 80GB HBM3",
+    architecture="hopper",
+    pci_device_id=0x233010DE,
+    nvlinks=18,
+    sm_max_mhz=1980,
+    sm_default_application_mhz=1980,
+    memory_mhz=2619,
+    power_limit_watts=700.0,
+    busy_power_watts=(500.0, 690.0),
+    shutdown_celsius=92,
+    slowdown_celsius=89,
+    gpu_max_operating_celsius=87,
+    memory_max_operating_celsius=95,
+)
+
 SPECS: Mapping[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec(
-            name="NVIDIA H100 80GB HBM3",
-            architecture="hopper",
-            pci_device_id=0x233010DE,
-            nvlinks=18,
-            sm_max_mhz=1980,
-            sm_default_application_mhz=1980,
-            memory_mhz=2619,
-            power_limit_watts=700.0,
-            busy_power_watts=(500.0, 690.0),
-            shutdown_celsius=92,
-            slowdown_celsius=89,
-            gpu_max_operating_celsius=87,
-            memory_max_operating_celsius=95,
-        ),
-        GpuSpec(
-            name="NVIDIA H200",
-            architecture="hopper",
-            pci_device_id=0x233510DE,
-            nvlinks=18,
-            sm_max_mhz=1980,
-            sm_default_application_mhz=1980,
-            memory_mhz=3201,
-            power_limit_watts=700.0,
-            busy_power_watts=(500.0, 690.0),
-            shutdown_celsius=92,
-            slowdown_celsius=89,
-            gpu_max_operating_celsius=87,
-            memory_max_operating_celsius=95,
-        ),
+        _H100,
+        # The H200 is an H100 with faster, larger HBM3e.
+        replace(_H100, name="NVIDIA H200", pci_device_id=0x233510DE, memory_mhz=3201),
         GpuSpec(
             name="NVIDIA A100-SXM4-80GB",
             architecture="ampere",
