@@ -1,10 +1,13 @@
 """Durable state: one sqlite file in the state directory, in WAL mode.
 
 Owns quarantines, the append-only journal (findings raised and cleared, health
-changes, decisions), the policy state, the boots seen and the XIDs of each,
-and the last sample of every GPU and port (so that rates are right across a
-restart). Every write is one transaction with `synchronous=FULL`: a process
-killed at any moment, SIGKILL included, loses no committed quarantine.
+changes, decisions, what the actions did), the policy state, the boots seen
+and the XIDs of each, the last sample of every GPU and port (so that rates
+are right across a restart) and the webhook outbox: events written in the
+same transaction as the decisions they report, delivered in order per
+webhook by the senders in `gpuwatchd.actions.webhook`. Every write is one
+transaction with `synchronous=FULL`: a process killed at any moment,
+SIGKILL included, loses no committed quarantine.
 
 A database that cannot be opened, read or written raises `StoreError`, whose
 message names the file and what to do; the daemon can go on monitoring with
@@ -21,8 +24,9 @@ import logging
 import os
 import sqlite3
 import threading
+import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -103,8 +107,41 @@ MIGRATIONS: tuple[str, ...] = (
         data TEXT NOT NULL
     );
     """,
+    # The webhook outbox. An event is written once; each webhook has its own
+    # row for it, so that one receiver being down holds back only its own queue.
+    # webhook_alerts holds the alerts a webhook was sent as firing, so that it
+    # gets their resolution and no resolution of an alert it never saw.
+    """
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL UNIQUE,
+        time REAL NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE TABLE outbox (
+        webhook TEXT NOT NULL,
+        event_id INTEGER NOT NULL REFERENCES events (id),
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt REAL NOT NULL,
+        last_error TEXT,
+        done_time REAL,
+        PRIMARY KEY (webhook, event_id)
+    );
+    CREATE INDEX outbox_queue ON outbox (webhook, state, event_id);
+    CREATE TABLE webhook_alerts (
+        webhook TEXT NOT NULL,
+        alert TEXT NOT NULL,
+        since REAL NOT NULL,
+        severity TEXT NOT NULL,
+        PRIMARY KEY (webhook, alert)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+PENDING = "pending"
+DEAD_LETTER = "dead_letter"
 
 
 class StoreError(RuntimeError):
@@ -135,6 +172,48 @@ class JournalEntry:
     operator: str | None = None
     dry_run: bool = False
     data: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """An event for the named webhooks, written in the transaction of the
+    decisions it reports. `data` is the event as JSON (gpuwatchd.actions.events)."""
+
+    time: float
+    data: Mapping[str, Any]
+    webhooks: tuple[str, ...]
+
+
+# The events of a manual decision, made once the store has decided it.
+EventsOf = Callable[[Decision], Sequence[OutboxEvent]]
+
+
+@dataclass(frozen=True)
+class OutboxItem:
+    """The oldest pending event of one webhook's queue."""
+
+    webhook: str
+    event_id: int
+    key: str  # unique per event: the Idempotency-Key of its deliveries
+    time: float
+    data: Mapping[str, Any]
+    attempts: int
+    next_attempt: float
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class OpenAlert:
+    """An alert a webhook was sent as firing and not yet as resolved."""
+
+    since: float
+    severity: str
+
+
+@dataclass(frozen=True)
+class OutboxCounts:
+    pending: int = 0
+    dead_letters: int = 0
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -206,10 +285,12 @@ class Store:
         now: float,
         boot_id: str | None = None,
         readings: Iterable[Reading] = (),
+        events: Sequence[OutboxEvent] = (),
     ) -> PolicyState:
         """Write one poll in one transaction: its quarantines, policy state,
-        journal, XIDs (under `boot_id`) and the readings' samples. Raises
-        StateConflict, writing nothing, when the state changed since it was read."""
+        journal, XIDs (under `boot_id`), the readings' samples and the webhook
+        events it raised. Raises StateConflict, writing nothing, when the state
+        changed since it was read."""
         readings = tuple(readings)
         with self._writing() as db:
             revision = self._revision(db)
@@ -222,21 +303,41 @@ class Store:
             if boot_id is not None:
                 self._record_xids(db, boot_id, readings, now)
             self._record_samples(db, readings)
+            _enqueue(db, events)
             if changed:
                 revision += 1
                 db.execute("UPDATE policy_state SET revision = ?", (revision,))
         return PolicyState(result.state.subjects, result.state.quarantines, revision)
 
-    def quarantine(self, subject: str, reason: str, operator: str, now: float) -> Decision:
-        """Quarantine a subject by hand (the CLI, with or without the daemon)."""
+    def quarantine(
+        self,
+        subject: str,
+        reason: str,
+        operator: str,
+        now: float,
+        events: EventsOf | None = None,
+    ) -> Decision:
+        """Quarantine a subject by hand (the CLI, with or without the daemon);
+        `events` gives the webhook events of the decision, written with it."""
         return self._manual(
-            lambda state: quarantine_manually(state, subject, reason, operator, now), operator
+            lambda state: quarantine_manually(state, subject, reason, operator, now),
+            operator,
+            events,
         )
 
-    def release(self, subject: str, operator: str, now: float, reason: str = "") -> Decision | None:
+    def release(
+        self,
+        subject: str,
+        operator: str,
+        now: float,
+        reason: str = "",
+        events: EventsOf | None = None,
+    ) -> Decision | None:
         """Release a subject by hand; None when it was not quarantined."""
         return self._manual(
-            lambda state: release_manually(state, subject, operator, now, reason), operator
+            lambda state: release_manually(state, subject, operator, now, reason),
+            operator,
+            events,
         )
 
     # --- journal --------------------------------------------------------------
@@ -257,6 +358,132 @@ class Store:
         with self._reading() as db:
             rows = db.execute(query, [*parameters, limit]).fetchall()
         return tuple(_entry(row) for row in rows)
+
+    def note(
+        self,
+        kind: str,
+        subject: str,
+        message: str,
+        now: float,
+        *,
+        operator: str | None = None,
+        dry_run: bool = False,
+        data: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Journal something that is not a poll's: what an action did or would
+        do, a refused API request."""
+        with self._writing() as db:
+            _insert(
+                db,
+                kind=kind,
+                time=now,
+                subject=subject,
+                message=message,
+                operator=operator,
+                dry_run=dry_run,
+                data=data,
+            )
+
+    # --- webhook outbox ---------------------------------------------------------------
+
+    def outbox_head(self, webhook: str) -> OutboxItem | None:
+        """The oldest pending event of `webhook`: its queue is strictly in order."""
+        with self._reading() as db:
+            row = db.execute(
+                f"{_OUTBOX_ITEMS} WHERE o.webhook = ? AND o.state = ? ORDER BY o.event_id LIMIT 1",
+                (webhook, PENDING),
+            ).fetchone()
+        return None if row is None else _outbox_item(row)
+
+    def outbox_remove(
+        self, item: OutboxItem, alert: str | None = None, opened: OpenAlert | None = None
+    ) -> None:
+        """Take a delivered (or skipped) event off its queue. With `alert`, the
+        webhook now has that alert `opened`, or closed when None."""
+        with self._writing() as db:
+            db.execute(
+                "DELETE FROM outbox WHERE webhook = ? AND event_id = ?",
+                (item.webhook, item.event_id),
+            )
+            if alert is not None and opened is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO webhook_alerts VALUES (?, ?, ?, ?)",
+                    (item.webhook, alert, opened.since, opened.severity),
+                )
+            elif alert is not None:
+                db.execute(
+                    "DELETE FROM webhook_alerts WHERE webhook = ? AND alert = ?",
+                    (item.webhook, alert),
+                )
+            _forget_delivered_events(db)
+
+    def outbox_retry(self, item: OutboxItem, next_attempt: float, error: str) -> None:
+        with self._writing() as db:
+            db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, next_attempt = ?, last_error = ?"
+                " WHERE webhook = ? AND event_id = ?",
+                (next_attempt, error, item.webhook, item.event_id),
+            )
+
+    def outbox_dead_letter(self, item: OutboxItem, now: float, error: str) -> None:
+        """Give up on an event: it stays, out of the queue, for `status` to show."""
+        with self._writing() as db:
+            db.execute(
+                "UPDATE outbox SET state = ?, attempts = attempts + 1, last_error = ?,"
+                " done_time = ? WHERE webhook = ? AND event_id = ?",
+                (DEAD_LETTER, error, now, item.webhook, item.event_id),
+            )
+
+    def open_alert(self, webhook: str, alert: str) -> OpenAlert | None:
+        """`alert` as `webhook` was last sent it firing; None when it is not open."""
+        with self._reading() as db:
+            row = db.execute(
+                "SELECT since, severity FROM webhook_alerts WHERE webhook = ? AND alert = ?",
+                (webhook, alert),
+            ).fetchone()
+        return None if row is None else OpenAlert(row["since"], row["severity"])
+
+    def outbox_counts(self) -> dict[str, OutboxCounts]:
+        """Pending and dead-lettered events per webhook."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT webhook, state, COUNT(*) AS n FROM outbox GROUP BY webhook, state"
+            ).fetchall()
+        counts: dict[str, OutboxCounts] = {}
+        for row in rows:
+            held = counts.get(row["webhook"], OutboxCounts())
+            if row["state"] == PENDING:
+                counts[row["webhook"]] = OutboxCounts(row["n"], held.dead_letters)
+            else:
+                counts[row["webhook"]] = OutboxCounts(held.pending, row["n"])
+        return counts
+
+    def outbox_dead_letters(self, webhook: str, limit: int = 20) -> tuple[OutboxItem, ...]:
+        """The latest dead-lettered events of `webhook`, newest first."""
+        with self._reading() as db:
+            rows = db.execute(
+                f"{_OUTBOX_ITEMS} WHERE o.webhook = ? AND o.state = ?"
+                " ORDER BY o.event_id DESC LIMIT ?",
+                (webhook, DEAD_LETTER, limit),
+            ).fetchall()
+        return tuple(_outbox_item(row) for row in rows)
+
+    def outbox_prune(self, webhooks: Iterable[str], now: float, keep_dead_letters: float) -> int:
+        """Drop the queues of webhooks no longer configured (returns how many
+        events they held) and dead letters older than `keep_dead_letters`."""
+        names = sorted(set(webhooks))
+        marks = ", ".join("?" for _ in names)
+        with self._writing() as db:
+            dropped = db.execute(
+                f"DELETE FROM outbox WHERE webhook NOT IN ({marks})", names
+            ).rowcount
+            db.execute(f"DELETE FROM webhook_alerts WHERE webhook NOT IN ({marks})", names)
+            db.execute(
+                "DELETE FROM outbox WHERE state = ? AND done_time < ?",
+                (DEAD_LETTER, now - keep_dead_letters),
+            )
+            _forget_delivered_events(db)
+        return int(dropped)
 
     # --- boots and XIDs -----------------------------------------------------------
 
@@ -381,13 +608,20 @@ class Store:
                     self._db.execute("ROLLBACK")
                 raise
 
-    def _manual(self, change: Callable[[PolicyState], ManualResult[D]], operator: str) -> D:
+    def _manual(
+        self,
+        change: Callable[[PolicyState], ManualResult[D]],
+        operator: str,
+        events: EventsOf | None,
+    ) -> D:
         with self._writing() as db:
             result = change(self._state(db))
             if result.decision is not None:
                 self._write_state(db, result.state)
                 db.execute("UPDATE policy_state SET revision = revision + 1")
                 _journal_decision(db, result.decision, operator)
+                if events is not None:
+                    _enqueue(db, events(result.decision))
             return result.decision
 
     @staticmethod
@@ -555,6 +789,44 @@ def _insert(
             json.dumps(dict(data or {}), sort_keys=True),
         ),
     )
+
+
+def _enqueue(db: sqlite3.Connection, events: Iterable[OutboxEvent]) -> None:
+    for event in events:
+        if not event.webhooks:
+            continue
+        cursor = db.execute(
+            "INSERT INTO events (key, time, data) VALUES (?, ?, ?)",
+            (uuid.uuid4().hex, event.time, json.dumps(dict(event.data), sort_keys=True)),
+        )
+        db.executemany(
+            "INSERT INTO outbox (webhook, event_id, state, next_attempt) VALUES (?, ?, ?, ?)",
+            [(webhook, cursor.lastrowid, PENDING, event.time) for webhook in event.webhooks],
+        )
+
+
+_OUTBOX_ITEMS = (
+    "SELECT o.webhook, o.event_id, o.attempts, o.next_attempt, o.last_error,"
+    " e.key, e.time, e.data FROM outbox o JOIN events e ON e.id = o.event_id"
+)
+
+
+def _outbox_item(row: sqlite3.Row) -> OutboxItem:
+    return OutboxItem(
+        webhook=row["webhook"],
+        event_id=row["event_id"],
+        key=row["key"],
+        time=row["time"],
+        data=json.loads(row["data"]),
+        attempts=row["attempts"],
+        next_attempt=row["next_attempt"],
+        last_error=row["last_error"],
+    )
+
+
+def _forget_delivered_events(db: sqlite3.Connection) -> None:
+    """Events no webhook holds any more (delivered everywhere, or pruned)."""
+    db.execute("DELETE FROM events WHERE id NOT IN (SELECT event_id FROM outbox)")
 
 
 def _journal_decision(db: sqlite3.Connection, decision: Decision, operator: str | None) -> None:

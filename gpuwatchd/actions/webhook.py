@@ -1,0 +1,473 @@
+"""Alert webhooks: the payload formats, signing, and delivery from the outbox.
+
+Reads events (gpuwatchd.actions.events) from the store's outbox, where the
+daemon wrote them in the transaction of the decisions they report, and posts
+them to each configured webhook in its format: `alertmanager` (the
+Alertmanager webhook payload, version 4), `slack` (an incoming webhook),
+`pagerduty` (Events API v2) or `json` (docs/webhooks.md).
+
+Delivery is at least once and, per webhook, strictly in order: the oldest
+pending event is the only one tried, so a receiver that is down holds back its
+own queue and no other, and gets everything once it is back. Failures are
+retried with exponential backoff and jitter; a 4xx other than 408 and 429 (the
+receiver refuses this payload and always will), or an event still failing
+after `give_up_after`, is dead-lettered: kept out of the queue, counted in
+metrics and shown in `gpuwatchd status`. Every request carries an
+`Idempotency-Key` (the event's, the same on every retry) and, with a secret,
+an HMAC-SHA256 signature.
+
+Which events a webhook is sent: an alert firing at its `min_severity` or
+above, and the end of every alert it was sent firing (so a resolve reaches
+exactly the receivers that got the trigger).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import json
+import logging
+import random
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.message import Message
+from typing import Any, Literal
+
+from gpuwatchd import __version__
+from gpuwatchd.actions.events import CRITICAL, NODE_HEALTH, QUARANTINED, Event, severity_at_least
+from gpuwatchd.clock import Clock
+from gpuwatchd.settings import Seconds
+from gpuwatchd.store import OpenAlert, OutboxItem, Store
+from gpuwatchd.units import format_duration
+
+log = logging.getLogger(__name__)
+
+Format = Literal["alertmanager", "slack", "pagerduty", "json"]
+FIRING = "firing"
+RESOLVED = "resolved"
+DELIVERED = "delivered"
+RETRY = "retry"
+DEAD_LETTER = "dead_letter"
+RESULTS = (DELIVERED, RETRY, DEAD_LETTER)
+
+SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
+TIMESTAMP_HEADER = "X-Gpuwatchd-Timestamp"
+JSON_SCHEMA = "gpuwatchd.event.v1"
+
+# Alertmanager's zero time: endsAt of an alert that is still firing.
+ZERO_TIME = "0001-01-01T00:00:00Z"
+# Names distinct from the Prometheus rules' alerts, which a receiver may get too.
+ALERTNAMES: Mapping[str, str] = {
+    QUARANTINED: "GpuwatchdQuarantined",
+    "unhealthy": "GpuwatchdUnhealthy",
+    NODE_HEALTH: "GpuwatchdNodeHealth",
+}
+# Statuses that mean "not now" rather than "never": request timeout, rate limit.
+RETRYABLE_4XX = (408, 429)
+
+
+def _check_name(name: str) -> None:
+    if not name or not all(c.isalnum() or c in "-_." for c in name):
+        raise ValueError(f"webhook name must be letters, digits, - _ or ., got {name!r}")
+
+
+def _check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"webhook url must be http:// or https://, got {url!r}")
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    # Names the webhook in metrics, status and the outbox.
+    name: str
+    url: str
+    format: Format = "json"
+    # Alerts below this severity are not sent (their resolution neither).
+    min_severity: Literal["warning", "critical"] = "warning"
+    # A file holding the HMAC-SHA256 secret that signs every request.
+    secret_file: str | None = None
+    # pagerduty: a file holding the Events API v2 integration (routing) key.
+    routing_key_file: str | None = None
+    # CA bundle for an https receiver with a private CA; null: the system's.
+    ca_file: str | None = None
+    # Every request gives up after this long (and is retried).
+    timeout: Seconds = 10.0
+    # The first retry waits about this long; each further one twice as long...
+    retry_initial: Seconds = 1.0
+    # ...up to this.
+    retry_max: Seconds = 300.0
+    # An event still failing this long after it happened is dead-lettered.
+    give_up_after: Seconds = 86400.0
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        _check_url(self.url)
+        if self.format == "pagerduty" and not self.routing_key_file:
+            raise ValueError("a pagerduty webhook needs routing_key_file")
+        if self.timeout <= 0 or self.retry_initial <= 0:
+            raise ValueError("timeout and retry_initial must be more than 0s")
+        if self.retry_max < self.retry_initial:
+            raise ValueError("retry_max must be at least retry_initial")
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one webhook is told of one event: the alert's status, when it
+    started, its severity, and the alert as the webhook then holds it."""
+
+    status: str
+    starts_at: float
+    severity: str
+    opened: OpenAlert | None  # None: closed
+
+
+def route(event: Event, minimum: str, held: OpenAlert | None) -> Route | None:
+    """Whether a webhook with `minimum` severity, holding `held`, is told of
+    `event`; None: it is not."""
+    if event.severity is not None and severity_at_least(event.severity, minimum):
+        since = held.since if held is not None else event.time
+        return Route(FIRING, since, event.severity, OpenAlert(since, event.severity))
+    if held is not None:
+        return Route(RESOLVED, held.since, held.severity, None)
+    return None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a payload says besides the event."""
+
+    webhook: str
+    key: str  # the event's idempotency key
+    external_url: str  # where people can look at the node's daemon
+    routing_key: str | None = None
+
+
+def _iso(timestamp: float) -> str:
+    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _evidence_text(event: Event) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(event.evidence.items()))
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """Prometheus' label-set fingerprint (FNV-1a 64 over sorted names and values)."""
+    value = 14695981039346656037
+    for name in sorted(labels):
+        for part in (name, labels[name]):
+            for byte in part.encode() + b"\xff":
+                value = ((value ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{value:016x}"
+
+
+def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    identity = {"alertname": ALERTNAMES[event.alert], "node": event.node, "subject": event.subject}
+    labels = {**identity, "severity": route.severity}
+    annotations = {
+        name: text
+        for name, text in (
+            ("summary", event.summary),
+            ("description", event.reason),
+            ("action", event.action),
+            ("evidence", _evidence_text(event)),
+            ("code", event.code or ""),
+            ("source", event.source or ""),
+            ("operator", event.operator or ""),
+        )
+        if text
+    }
+    alert = {
+        "status": route.status,
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": _iso(route.starts_at),
+        "endsAt": _iso(event.time) if route.status == RESOLVED else ZERO_TIME,
+        "generatorURL": f"{context.external_url}/api/v1/status",
+        # Of the identity, not the severity: a resolve matches its firing even
+        # when the node's health changed severity in between.
+        "fingerprint": fingerprint(identity),
+    }
+    group = ", ".join(f'{name}="{value}"' for name, value in identity.items())
+    return {
+        "version": "4",
+        "groupKey": f"{{}}:{{{group}}}",
+        "truncatedAlerts": 0,
+        "status": route.status,
+        "receiver": context.webhook,
+        "groupLabels": identity,
+        "commonLabels": labels,
+        "commonAnnotations": annotations,
+        "externalURL": context.external_url,
+        "alerts": [alert],
+    }
+
+
+def _slack(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    if route.status == RESOLVED:
+        head = f":white_check_mark: *[RESOLVED] {event.summary}*"
+    else:
+        icon = ":rotating_light:" if route.severity == CRITICAL else ":warning:"
+        head = f"{icon} *[{route.severity.upper()}] {event.summary}*"
+    lines = [head]
+    if event.reason and event.reason not in event.summary:
+        lines.append(f"*Reason:* {event.reason}")
+    if event.evidence:
+        lines.append(f"*Evidence:* {_evidence_text(event)}")
+    if event.action and route.status == FIRING:
+        lines.append(f"*Suggested action:* {event.action}")
+    lines.append(f"<{context.external_url}/api/v1/status|{event.node} status>")
+    return {"text": "\n".join(lines)}
+
+
+def _pagerduty(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    # One incident per node and alert: the release resolves what the quarantine opened.
+    document: dict[str, Any] = {
+        "routing_key": context.routing_key,
+        "event_action": "trigger" if route.status == FIRING else "resolve",
+        "dedup_key": f"gpuwatchd/{event.node}/{event.alert}/{event.subject}",
+    }
+    if route.status == FIRING:
+        document["client"] = "gpuwatchd"
+        document["client_url"] = f"{context.external_url}/api/v1/status"
+        document["payload"] = {
+            # PagerDuty truncates a summary at 1024 characters.
+            "summary": event.summary[:1024],
+            "source": event.node,
+            "severity": route.severity,
+            "timestamp": _iso(event.time),
+            "component": event.subject,
+            "group": event.check or event.alert,
+            "class": event.code or event.alert,
+            "custom_details": {
+                "reason": event.reason,
+                "evidence": dict(event.evidence),
+                "suggested_action": event.action,
+                "source": event.source,
+                "operator": event.operator,
+            },
+        }
+    return document
+
+
+def _json(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    document = event.to_json()
+    return {
+        **document,
+        "schema": JSON_SCHEMA,
+        "id": context.key,
+        "webhook": context.webhook,
+        "status": route.status,
+        "severity": route.severity,
+        "time": _iso(event.time),
+        "starts_at": _iso(route.starts_at),
+        "ends_at": _iso(event.time) if route.status == RESOLVED else None,
+        "url": f"{context.external_url}/api/v1/status",
+    }
+
+
+RENDERERS: Mapping[str, Callable[[Event, Route, Context], dict[str, Any]]] = {
+    "alertmanager": _alertmanager,
+    "slack": _slack,
+    "pagerduty": _pagerduty,
+    "json": _json,
+}
+
+
+def render(format: str, event: Event, route: Route, context: Context) -> bytes:
+    return json.dumps(RENDERERS[format](event, route, context), sort_keys=True).encode()
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The signature header's value: HMAC-SHA256 over `<timestamp>.<body>`, so
+    that a captured request cannot be replayed later with a new timestamp."""
+    digest = hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256)
+    return f"sha256={digest.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one request came to: delivered, retry (with the receiver's
+    Retry-After, if any) or dead_letter."""
+
+    result: str
+    error: str | None = None
+    retry_after: float | None = None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # urllib would re-send a redirected POST as a GET without its body.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _retry_after(headers: Message | None) -> float | None:
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:  # an HTTP date: the backoff decides instead
+        return None
+
+
+def post(
+    url: str, body: bytes, headers: Mapping[str, str], timeout: float, ca_file: str | None
+) -> Attempt:
+    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+    opener = urllib.request.build_opener(
+        _NoRedirects(), urllib.request.HTTPSHandler(context=context)
+    )
+    request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            response.read()
+        return Attempt(DELIVERED)
+    except urllib.error.HTTPError as error:
+        text = f"HTTP {error.code} {error.reason}"
+        if error.code >= 500 or error.code in RETRYABLE_4XX:
+            return Attempt(RETRY, text, _retry_after(error.headers))
+        # Any other 4xx, and redirects, which are not followed: sending the
+        # same request again would get the same answer.
+        return Attempt(DEAD_LETTER, text)
+    except (urllib.error.URLError, OSError) as error:
+        return Attempt(RETRY, str(getattr(error, "reason", error)) or type(error).__name__)
+
+
+def backoff(attempts: int, config: WebhookConfig, rng: random.Random) -> float:
+    """Seconds before the next try after `attempts` failed ones: doubling from
+    retry_initial up to retry_max, each drawn from its upper half so that the
+    nodes of a fleet do not all retry a recovered receiver at once."""
+    delay = min(config.retry_max, config.retry_initial * 2.0 ** min(attempts, 30))
+    return delay * (0.5 + rng.random() / 2)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Deliveries since the daemon started, by result."""
+
+    delivered: int = 0
+    retry: int = 0
+    dead_letter: int = 0
+
+
+def _read_secret(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read().strip()
+
+
+class WebhookSender:
+    """Delivers one webhook's queue. `run_once(now)` sends what is due, in
+    order, and returns when the head is due next (None: the queue is empty)."""
+
+    def __init__(
+        self,
+        config: WebhookConfig,
+        store: Store,
+        clock: Clock,
+        rng: random.Random,
+        external_url: str,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.config = config
+        self._store = store
+        self._clock = clock
+        self._rng = rng
+        self._external_url = external_url
+        self._should_stop = should_stop
+        self._counts = Counts()
+        self.last_error: str | None = None
+
+    @property
+    def counts(self) -> Counts:
+        return self._counts
+
+    def run_once(self, now: float) -> float | None:
+        while not self._should_stop():
+            item = self._store.outbox_head(self.config.name)
+            if item is None:
+                return None
+            if item.next_attempt > now:
+                return item.next_attempt
+            retry_at = self._deliver(item, now)
+            if retry_at is not None:
+                return retry_at
+            now = self._clock.now()
+        return None
+
+    def _deliver(self, item: OutboxItem, now: float) -> float | None:
+        """Try the head once; None when the queue moved on, else when to retry."""
+        event = Event.from_json(item.data)
+        held = self._store.open_alert(self.config.name, event.identity)
+        chosen = route(event, self.config.min_severity, held)
+        if chosen is None:
+            self._store.outbox_remove(item)
+            return None
+        try:
+            body, headers = self._request(item, event, chosen, now)
+        except OSError as error:
+            attempt = Attempt(RETRY, f"cannot read a secret file: {error}")
+        else:
+            attempt = post(self.config.url, body, headers, self.config.timeout, self.config.ca_file)
+        give_up = self.config.give_up_after
+        if attempt.result == RETRY and self._clock.now() - item.time >= give_up:
+            why = f"still failing after {format_duration(give_up)}: {attempt.error}"
+            attempt = Attempt(DEAD_LETTER, why)
+        return self._record(item, event, chosen, attempt)
+
+    def _request(
+        self, item: OutboxItem, event: Event, chosen: Route, now: float
+    ) -> tuple[bytes, dict[str, str]]:
+        routing_key = None
+        if self.config.routing_key_file:
+            routing_key = _read_secret(self.config.routing_key_file).decode()
+        context = Context(self.config.name, item.key, self._external_url, routing_key)
+        body = render(self.config.format, event, chosen, context)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"gpuwatchd/{__version__}",
+            "Idempotency-Key": item.key,
+        }
+        if self.config.secret_file:
+            timestamp = int(now)
+            headers[TIMESTAMP_HEADER] = str(timestamp)
+            headers[SIGNATURE_HEADER] = sign(_read_secret(self.config.secret_file), timestamp, body)
+        return body, headers
+
+    def _record(
+        self, item: OutboxItem, event: Event, chosen: Route, attempt: Attempt
+    ) -> float | None:
+        now = self._clock.now()
+        name = self.config.name
+        self._count(attempt.result)
+        if attempt.result == DELIVERED:
+            self._store.outbox_remove(item, event.identity, chosen.opened)
+            return None
+        self.last_error = attempt.error
+        if attempt.result == DEAD_LETTER:
+            log.error("webhook %s: giving up on event %s: %s", name, item.key, attempt.error)
+            self._store.outbox_dead_letter(item, now, attempt.error or "")
+            return None
+        delay = backoff(item.attempts, self.config, self._rng)
+        if attempt.retry_after is not None:
+            delay = max(delay, min(attempt.retry_after, self.config.retry_max))
+        log.warning(
+            "webhook %s: %s; attempt %d of event %s, retrying in %.1fs",
+            name,
+            attempt.error,
+            item.attempts + 1,
+            item.key,
+            delay,
+        )
+        self._store.outbox_retry(item, now + delay, attempt.error or "")
+        return now + delay
+
+    def _count(self, result: str) -> None:
+        counts = self._counts
+        self._counts = Counts(
+            delivered=counts.delivered + (result == DELIVERED),
+            retry=counts.retry + (result == RETRY),
+            dead_letter=counts.dead_letter + (result == DEAD_LETTER),
+        )
