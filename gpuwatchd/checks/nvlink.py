@@ -10,12 +10,12 @@ earlier and is down now is critical. Subjects are `nvlink:<gpu>/<link>`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import increase_between, link_subject, tail_from, windows
+from gpuwatchd.checks.common import Point, increase_between, link_subject, tail_from, windows
 from gpuwatchd.history import History, series
 from gpuwatchd.model import Action, Finding, GpuSample, LinkSample, Severity
 from gpuwatchd.settings import PerSecond, Seconds
@@ -93,7 +93,12 @@ def _link_series(
 
 
 def _link(number: int, sample: GpuSample) -> LinkSample | None:
-    return next((link for link in sample.nvlinks if link.link == number), None)
+    # Sources list the links in order, so the link is nearly always at its own
+    # position; look further only when it is not.
+    links = sample.nvlinks
+    if number < len(links) and links[number].link == number:
+        return links[number]
+    return next((link for link in links if link.link == number), None)
 
 
 def _down(link: LinkSample, samples: Sequence[tuple[float, GpuSample]]) -> Iterator[Finding]:
@@ -120,10 +125,15 @@ def _errors(
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
     spans = windows(now, config.window, config.storm_windows)
+    counts = {
+        error_type: series(links, partial(_error_count, error_type))
+        for types in FAMILIES.values()
+        for error_type in types
+    }
     for family, types in FAMILIES.items():
         threshold = config.storm_rate(family)
         # Per window: the highest rate among the family's counters, and whether any grew.
-        judged = [_family_window(links, types, start, end) for start, end in spans]
+        judged = [_family_window(counts, types, start, end) for start, end in spans]
         latest_rate, latest_grew = judged[0]
         storm = all(rate >= threshold for rate, _ in judged)
         over = latest_rate >= threshold or (family in config.warn_on_any and latest_grew)
@@ -160,7 +170,7 @@ def _errors(
 
 
 def _family_window(
-    links: Sequence[tuple[float, LinkSample | None]],
+    counts: Mapping[str, Sequence[Point]],
     types: tuple[str, ...],
     start: float,
     end: float,
@@ -168,8 +178,7 @@ def _family_window(
     rate = 0.0
     grew = False
     for error_type in types:
-        points = series(links, partial(_error_count, error_type))
-        grown = increase_between(points, start, end)
+        grown = increase_between(counts[error_type], start, end)
         rate = max(rate, grown.rate)
         grew = grew or grown.increase > 0
     return rate, grew
