@@ -207,6 +207,9 @@ def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
                 check=NAME,
                 code=code,
                 severity=Severity.WARN,
-                message=f"{what} at {temperature:g} C, {margin:g} C below its {limit:g} C limit",
+                message=(
+                    f"{what} at {temperature:g} C, {abs(margin):g} C "
+                    f"{'below' if margin >= 0 else 'above'} its {limit:g} C limit"
+                ),
                 evidence={"temperature_celsius": temperature, "margin_celsius": margin},
             )
