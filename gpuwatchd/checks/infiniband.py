@@ -155,9 +155,7 @@ class _Verdicts:
         evidence: dict[str, float | int | str],
     ) -> None:
         subject = _subject(port)
-        self.findings.append(
-            Finding(subject, NAME, code, severity, f"{subject}: {message}", action, evidence)
-        )
+        self.findings.append(Finding(subject, NAME, code, severity, message, action, evidence))
 
     def measure(self, name: str, port: Port, value: float, **extra: str) -> None:
         labels = {"device": port[0], "port": str(port[1]), **extra}
