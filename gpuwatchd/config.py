@@ -7,11 +7,17 @@ that check's module, beside the reason for their default.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Annotated
 
+from gpuwatchd.actions.fleet import FleetSafetyConfig
+from gpuwatchd.actions.kubernetes import KubernetesConfig
+from gpuwatchd.actions.slurm import SlurmConfig
+from gpuwatchd.actions.webhook import WebhookConfig
 from gpuwatchd.checks.registry import ChecksConfig
 from gpuwatchd.policy import PolicyConfig
+from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
 from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
 
@@ -70,11 +76,39 @@ class SourcesConfig:
 
 
 @dataclass(frozen=True)
+class ActionsConfig:
+    # The node's name in webhook events; null: the hostname.
+    node_name: str | None = None
+    # Where a receiver's people can reach this daemon (links in payloads);
+    # null: http://<node_name>:<listen port>.
+    external_url: str | None = None
+    webhooks: tuple[WebhookConfig, ...] = ()
+    # Dead-lettered webhook events are kept this long for `status`.
+    dead_letter_retention: Seconds = 7 * 86400.0
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    fleet_safety: FleetSafetyConfig = field(default_factory=FleetSafetyConfig)
+
+    def __post_init__(self) -> None:
+        names = [webhook.name for webhook in self.webhooks]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"webhook names must be unique: {', '.join(twice)}")
+
+
+@dataclass(frozen=True)
 class Config:
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    actions: ActionsConfig = field(default_factory=ActionsConfig)
+
+    @property
+    def token_file(self) -> str:
+        """The API token file: configured, or in the state directory."""
+        return self.api.token_file or os.path.join(self.daemon.state_dir, API_TOKEN_NAME)
 
 
 def load_config(path: str | None) -> Config:

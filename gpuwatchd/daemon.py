@@ -1,8 +1,14 @@
 """The poll loop: read every source, judge, decide, persist, publish.
 
 One thread runs `step()` every poll interval: sources → History → checks →
-policy → store → a new immutable Snapshot that replaces the old one in a
-single assignment, so the HTTP server's threads always read a whole poll.
+policy → store (with the webhook events of the decisions, in the same
+transaction) → a new immutable Snapshot that replaces the old one in a single
+assignment, so the HTTP server's threads always read a whole poll → the
+actions (webhook senders, schedulers), which act in threads of their own.
+
+An operator's quarantine or release through the control API takes effect at
+once: `quarantine()` and `release()` write it, judge the last poll's findings
+again on top of it and publish a new Snapshot before they return.
 """
 
 from __future__ import annotations
@@ -16,17 +22,19 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from gpuwatchd.actions.dispatch import Actions
+from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
-from gpuwatchd.config import Config
+from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
-from gpuwatchd.model import Reading
+from gpuwatchd.model import Decision, Quarantine, Reading
 from gpuwatchd.notify import Notifier
-from gpuwatchd.policy import PolicyResult, PolicyState, evaluate, observed_subjects
+from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import Source
-from gpuwatchd.store import StateConflict, Store, StoreError, read_boot_id
+from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +108,20 @@ class Daemon:
         for reading in self.store.last_readings(now, max_age=config.daemon.history):
             self.history.record(reading)
         self.state: PolicyState = self.store.load_state()
-        self._snapshot = Snapshot(time=now, quarantines=self.state.quarantines)
+        self.actions = Actions(
+            config.actions,
+            self.store,
+            clock,
+            policy_dry_run=config.policy.dry_run,
+            listen_port=parse_listen(config.daemon.listen)[1],
+        )
+        # Serialises judging between the poll loop and the API's manual changes.
+        self._judging = threading.Lock()
+        self._checked = CheckOutput(findings=(), measurements=())
+        webhooks, schedulers = self.actions.status()
+        self._snapshot = Snapshot(
+            time=now, quarantines=self.state.quarantines, webhooks=webhooks, schedulers=schedulers
+        )
         self.registry: CollectorRegistry
         self._poll_duration: Histogram
         self.registry, self._poll_duration = make_registry(lambda: self._snapshot)
@@ -123,15 +144,31 @@ class Daemon:
             log.exception("source %s failed", source.name)
             return Reading(source=source.name, time=now, error=f"{type(error).__name__}: {error}")
 
-    def _decide(self, readings: tuple[Reading, ...], now: float) -> tuple[PolicyResult, Snapshot]:
+    def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
         checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
+        gathered = _Gathered(readings).snapshot(now, self._polls)
+        with self._judging:
+            self._checked = checked
+            result = self._judge(now, readings, self.boot_id)
+            return self._publish(gathered, result)
+
+    def _judge(
+        self, now: float, readings: tuple[Reading, ...] = (), boot_id: str | None = None
+    ) -> PolicyResult:
+        """Policy over the last checks' findings and the actions' own, saved
+        with the poll's readings and webhook events. Holds `_judging`."""
+        findings = (*self._checked.findings, *self.actions.findings())
         subjects = observed_subjects(self.history)
         for _ in range(3):
-            result = evaluate(checked.findings, self.state, now, self.config.policy, subjects)
+            result = evaluate(findings, self.state, now, self.config.policy, subjects)
             try:
                 self.state = self.store.save_poll(
-                    result, now=now, boot_id=self.boot_id, readings=readings
+                    result,
+                    now=now,
+                    boot_id=boot_id,
+                    readings=readings,
+                    events=self.actions.events(result),
                 )
                 self._persisted = self.store.persistent
                 break
@@ -145,17 +182,68 @@ class Daemon:
                 self._persisted = False
                 break
         self._log_changes(result)
-        gathered = _Gathered(readings).snapshot(now, self._polls)
-        return result, replace(
-            gathered,
+        return result
+
+    def _publish(self, base: Snapshot, result: PolicyResult) -> Snapshot:
+        """`base` with `result` and the actions' status: the new Snapshot."""
+        webhooks, schedulers = self.actions.status()
+        snapshot = replace(
+            base,
             findings=result.findings,
-            measurements=checked.measurements,
+            measurements=self._checked.measurements,
             health=result.health,
             health_since=result.health_since,
             node_health=result.node_health,
             quarantines=result.quarantines,
             state_persisted=self._persisted,
+            webhooks=webhooks,
+            schedulers=schedulers,
         )
+        self._snapshot = snapshot
+        self.actions.publish(snapshot)
+        return snapshot
+
+    # --- the control API (gpuwatchd.server.Control) ------------------------------
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision:
+        """An operator's quarantine, in effect (and on /metrics) when this returns."""
+        with self._judging:
+            now = self.clock.now()
+            events = self.actions.manual_events(operator)
+            decision = self.store.quarantine(subject, reason, operator, now, events)
+            self._rejudge(now)
+        return decision
+
+    def release(self, subject: str, reason: str, operator: str) -> Decision | None:
+        """An operator's release; None when the subject was not quarantined."""
+        with self._judging:
+            now = self.clock.now()
+            events = self.actions.manual_events(operator)
+            decision = self.store.release(subject, operator, now, reason, events)
+            if decision is not None:
+                self._rejudge(now)
+        return decision
+
+    def quarantines(self) -> tuple[Quarantine, ...]:
+        return self.store.quarantines()
+
+    def journal(
+        self, since: float | None, subject: str | None, limit: int
+    ) -> tuple[JournalEntry, ...]:
+        return self.store.journal(since=since, subject=subject, limit=limit)
+
+    def refused(self, message: str) -> None:
+        log.warning("%s", message)
+        self._write(lambda: self.store.note("api_refused", NODE, message, self.clock.now()))
+
+    def _rejudge(self, now: float) -> None:
+        """Judge the last poll's findings again on top of a manual change, so
+        that what follows from it (the node's GPU share) follows at once too."""
+        self.state = self.store.load_state()
+        self._publish(self._snapshot, self._judge(now))
 
     @staticmethod
     def _log_changes(result: PolicyResult) -> None:
@@ -191,8 +279,7 @@ class Daemon:
                 log.warning("source %s: %s", reading.source, reading.error)
             self.history.record(reading)
         self._polls += 1
-        _, snapshot = self._decide(readings, now)
-        self._snapshot = snapshot
+        snapshot = self._decide(readings, now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
 
@@ -205,6 +292,7 @@ class Daemon:
         """
         notifier = notifier or Notifier({})
         interval = self.config.daemon.poll_interval
+        self.actions.start()
         ping_every = (notifier.watchdog_seconds or math.inf) / 2
         while not self.stop_event.is_set():
             started = self.clock.now()
@@ -225,6 +313,7 @@ class Daemon:
         self.stop_event.set()
 
     def close(self) -> None:
+        self.actions.stop()
         for source in self.sources:
             try:
                 source.close()

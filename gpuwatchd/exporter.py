@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
-from gpuwatchd.export import gpu, health, infiniband
+from gpuwatchd.export import actions, gpu, health, infiniband
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -50,6 +50,7 @@ RENDERERS: tuple[FamilyRenderer, ...] = (
     gpu.families,
     infiniband.families,
     health.families,
+    actions.families,
 )
 
 

@@ -1,47 +1,195 @@
 """The HTTP listener: /metrics (Prometheus), /healthz and the JSON API under
-/api/v1/. It only reads the daemon's current Snapshot; it never polls
-hardware itself, so a scrape costs a render and nothing more."""
+/api/v1/. Reads serve the daemon's current Snapshot (and the journal), so a
+scrape costs a render and nothing more.
+
+The control API:
+
+| request | what it does |
+| --- | --- |
+| `GET /api/v1/status` | the node as `gpuwatchd status --json` shows it |
+| `GET /api/v1/quarantines` | the quarantines in the state database |
+| `POST /api/v1/quarantines` | quarantine: `{"subject", "reason", "operator"}` |
+| `DELETE /api/v1/quarantines/<subject>` | release; optional `{"reason", "operator"}` |
+| `GET /api/v1/journal?since=&subject=&limit=` | journal entries, oldest first |
+
+Reads are open to whoever reaches the listener (loopback by default). Writes
+need `Authorization: Bearer <secret>` with a secret from the token file: one
+token a line, `name:secret` (the name is the operator journaled for every
+change made with it) or a bare `secret` (the request's `operator`, else
+"api"); blank lines and `#` comments are ignored, and the file is read at
+every write, so tokens change without a restart. A refused write is 401 and
+journaled. With a certificate and key configured the listener speaks TLS.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import json
 import logging
+import os
+import secrets
+import socket
+import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Protocol
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from gpuwatchd.actions.manual import check_on_node, check_text, node_subjects, resolve_subject
+from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
+from gpuwatchd.store import JournalEntry
+from gpuwatchd.units import parse_duration
 
 log = logging.getLogger(__name__)
+
+API_TOKEN_NAME = "api-token"
+QUARANTINES = "/api/v1/quarantines"
+JOURNAL_DAYS_DEFAULT = 1.0
+MAX_JOURNAL_ENTRIES = 10000
+MAX_OPERATOR_CHARS = 64
+# A client that sends nothing for this long is cut off, so that slow or idle
+# connections cannot hold the listener's threads.
+REQUEST_TIMEOUT_SECONDS = 30.0
+SHUTDOWN_POLL_SECONDS = 0.1
+
+
+def _check_positive(value: int) -> None:
+    if value <= 0:
+        raise ValueError("max_body_bytes must be more than 0")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    # The bearer tokens that writes need, one a line: `name:secret` or `secret`.
+    # null: <state_dir>/api-token, created (mode 0600) with a random secret at
+    # the first start.
+    token_file: str | None = None
+    # Serve HTTPS with this certificate (PEM, chain included) and its key;
+    # both or neither.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # A write request's body may be at most this long.
+    max_body_bytes: int = 65536
+
+    def __post_init__(self) -> None:
+        _check_positive(self.max_body_bytes)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+
+
+@dataclass(frozen=True)
+class Token:
+    operator: str | None  # None: the request says who it is
+    secret: str
+
+
+def read_tokens(path: str) -> tuple[Token, ...]:
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.strip() for line in handle]
+    tokens = []
+    for line in lines:
+        if not line or line.startswith("#"):
+            continue
+        name, sep, secret = line.partition(":")
+        tokens.append(Token(name, secret) if sep else Token(None, line))
+    return tuple(token for token in tokens if token.secret)
+
+
+def client_secret(path: str) -> str:
+    """The secret a client sends: the file's first token."""
+    tokens = read_tokens(path)
+    if not tokens:
+        raise ValueError(f"{path} holds no token")
+    return tokens[0].secret
+
+
+def ensure_token_file(path: str) -> bool:
+    """Create the token file with one random secret when missing; True when created."""
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(
+            "# gpuwatchd API tokens, one a line: name:secret (writes are journaled\n"
+            "# as name) or a bare secret (the client names the operator).\n"
+            f"{secrets.token_urlsafe(32)}\n"
+        )
+    return True
+
+
+class Control(Protocol):
+    """What the control API asks of the daemon."""
+
+    def now(self) -> float: ...
+
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision: ...
+
+    def release(self, subject: str, reason: str, operator: str) -> Decision | None: ...
+
+    def quarantines(self) -> tuple[Quarantine, ...]: ...
+
+    def journal(
+        self, since: float | None, subject: str | None, limit: int
+    ) -> tuple[JournalEntry, ...]: ...
+
+    def refused(self, message: str) -> None:
+        """Journal a refused write."""
+        ...
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: StatusServer
     server_version = "gpuwatchd"
+    timeout = REQUEST_TIMEOUT_SECONDS
+    token: Token  # the write request's, once authenticated
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def send_json(self, status: int, document: object) -> None:
+    def send_json(
+        self, status: int, document: object, headers: Mapping[str, str] | None = None
+    ) -> None:
         body = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
-        self._send(status, body, "application/json")
+        self._send(status, body, "application/json", headers)
+
+    @property
+    def _path(self) -> str:
+        return urlsplit(self.path).path.rstrip("/") or "/"
 
     def do_GET(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/") or "/"
+        path = self._path
+        control = self.server.control
         if path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._send(200, encoder(self.server.registry), content_type)
@@ -50,6 +198,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if healthy else 503, (why + "\n").encode(), "text/plain")
         elif path == "/api/v1/status":
             self.send_json(200, to_json(self.server.current()))
+        elif path == QUARANTINES and control is not None:
+            quarantines = [dataclasses.asdict(q) for q in control.quarantines()]
+            self.send_json(200, {"quarantines": quarantines})
+        elif path == "/api/v1/journal" and control is not None:
+            self._answer(lambda: self._journal(control))
         elif path == "/":
             links = b'<a href="/metrics">/metrics</a> <a href="/api/v1/status">/api/v1/status</a>'
             self._send(200, b"<html><body>gpuwatchd " + links + b"</body></html>", "text/html")
@@ -57,6 +210,165 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"error": f"no such path: {path}"})
 
     do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        control = self.server.control
+        if self._path != QUARANTINES or control is None:
+            self.send_json(404, {"error": f"no such path: {self._path}"})
+            return
+        self._answer(lambda: self._quarantine(control), write=True)
+
+    def do_DELETE(self) -> None:
+        control = self.server.control
+        if not self._path.startswith(QUARANTINES + "/") or control is None:
+            self.send_json(404, {"error": f"no such path: {self._path}"})
+            return
+        self._answer(lambda: self._release(control), write=True)
+
+    def _answer(self, handle: Callable[[], tuple[int, object]], write: bool = False) -> None:
+        try:
+            if write:
+                self._authenticate()
+            status, document = handle()
+        except ApiError as error:
+            headers = (
+                {"WWW-Authenticate": 'Bearer realm="gpuwatchd"'} if error.status == 401 else {}
+            )
+            if error.status == 413:
+                # The body was not read: the connection cannot carry another request.
+                self.close_connection = True
+                headers["Connection"] = "close"
+            self.send_json(error.status, {"error": str(error)}, headers)
+            return
+        self.send_json(status, document)
+
+    def _authenticate(self) -> None:
+        """The operator of a valid bearer token (kept on the handler), or 401."""
+        header = self.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        why = None
+        if scheme.lower() != "bearer" or not presented.strip():
+            why = "a bearer token is required"
+        else:
+            try:
+                tokens = read_tokens(self.server.token_file)
+            except OSError as error:
+                log.error("cannot read the API token file %s: %s", self.server.token_file, error)
+                tokens = ()
+            match = next(
+                (t for t in tokens if hmac.compare_digest(t.secret, presented.strip())), None
+            )
+            if match is None:
+                why = "the bearer token is not valid"
+            else:
+                self.token = match
+        if why is not None:
+            control = self.server.control
+            if control is not None:
+                control.refused(
+                    f"{self.command} {self._path} from {self.client_address[0]} refused: {why}"
+                )
+            raise ApiError(401, why)
+
+    def _operator(self, body: Mapping[str, Any]) -> str:
+        if self.token.operator:
+            return self.token.operator
+        claimed = body.get("operator") or "api"
+        if not isinstance(claimed, str):
+            raise ApiError(400, "operator must be text")
+        try:
+            return check_text(claimed, "operator", required=True, max_chars=MAX_OPERATOR_CHARS)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from error
+
+    def _body(self, required: bool) -> dict[str, Any]:
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            if required:
+                raise ApiError(411, "a JSON body with a Content-Length is required")
+            return {}
+        try:
+            length = int(length_header)
+        except ValueError as error:
+            raise ApiError(400, "Content-Length is not a number") from error
+        if length > self.server.max_body_bytes:
+            raise ApiError(413, f"the body is larger than {self.server.max_body_bytes} bytes")
+        raw = self.rfile.read(length)
+        if not raw and not required:
+            return {}
+        try:
+            document = json.loads(raw)
+        except ValueError as error:
+            raise ApiError(400, f"the body is not JSON: {error}") from error
+        if not isinstance(document, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        return document
+
+    def _subject(self, text: object, control: Control) -> str:
+        if not isinstance(text, str):
+            raise ApiError(400, "subject must be text such as gpu:3")
+        snapshot = self.server.current()
+        try:
+            subject = resolve_subject(text, snapshot.gpus)
+            known = node_subjects(snapshot.gpus, snapshot.ports)
+            check_on_node(subject, known, (q.subject for q in control.quarantines()))
+        except ValueError as error:
+            raise ApiError(400, str(error)) from error
+        return subject
+
+    def _reason(self, body: Mapping[str, Any], required: bool) -> str:
+        reason = body.get("reason", "")
+        if not isinstance(reason, str):
+            raise ApiError(400, "reason must be text")
+        try:
+            return check_text(reason, "reason", required)
+        except ValueError as error:
+            raise ApiError(400, str(error)) from error
+
+    def _quarantine(self, control: Control) -> tuple[int, object]:
+        body = self._body(required=True)
+        subject = self._subject(body.get("subject"), control)
+        reason = self._reason(body, required=True)
+        decision = control.quarantine(subject, reason, self._operator(body))
+        held = next(q for q in control.quarantines() if q.subject == subject)
+        return 201, {
+            "decision": dataclasses.asdict(decision),
+            "quarantine": dataclasses.asdict(held),
+        }
+
+    def _release(self, control: Control) -> tuple[int, object]:
+        body = self._body(required=False)
+        subject = self._subject(unquote(self._path[len(QUARANTINES) + 1 :]), control)
+        reason = self._reason(body, required=False)
+        decision = control.release(subject, reason, self._operator(body))
+        if decision is None:
+            raise ApiError(404, f"{subject} is not quarantined")
+        return 200, {"decision": dataclasses.asdict(decision)}
+
+    def _journal(self, control: Control) -> tuple[int, object]:
+        query = {name: values[-1] for name, values in parse_qs(urlsplit(self.path).query).items()}
+        since = _since(query.get("since"), control.now())
+        subject = query.get("subject")
+        try:
+            limit = min(int(query.get("limit", MAX_JOURNAL_ENTRIES)), MAX_JOURNAL_ENTRIES)
+        except ValueError as error:
+            raise ApiError(400, "limit must be a whole number") from error
+        entries = control.journal(since, subject, limit)
+        return 200, {"entries": [dataclasses.asdict(entry) for entry in entries]}
+
+
+def _since(value: str | None, now: float) -> float:
+    """`since` as seconds since the epoch, or a duration back from now (`1h`)."""
+    if value is None:
+        return now - JOURNAL_DAYS_DEFAULT * 86400
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(value)
+    except ValueError as error:
+        raise ApiError(400, f"since: {error}, or seconds since the epoch") from error
 
 
 class StatusServer(ThreadingHTTPServer):
@@ -69,13 +381,39 @@ class StatusServer(ThreadingHTTPServer):
         current: Callable[[], Snapshot],
         max_poll_age_seconds: float,
         clock_now: Callable[[], float],
+        control: Control | None = None,
+        token_file: str = "",
+        api: ApiConfig | None = None,
     ) -> None:
+        """Without `control` the API serves status only (no quarantines, journal or writes)."""
+        api = api or ApiConfig()
+        self.tls: ssl.SSLContext | None = None
+        if api.tls_cert_file and api.tls_key_file:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.tls.load_cert_chain(api.tls_cert_file, api.tls_key_file)
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.registry = registry
         self.current = current
         self.max_poll_age_seconds = max_poll_age_seconds
         self.clock_now = clock_now
+        self.control = control
+        self.token_file = token_file
+        self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake runs here, in the request's own thread: a slow or
+        # silent client cannot hold up the accept loop.
+        if self.tls is not None:
+            request.settimeout(REQUEST_TIMEOUT_SECONDS)
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as error:
+                log.debug("TLS handshake with %s failed: %s", client_address[0], error)
+                return
+        super().finish_request(request, client_address)
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while polls keep coming: a stuck poll loop fails /healthz."""
@@ -91,10 +429,14 @@ class StatusServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         host = str(host)
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+        # Polling for shutdown ten times a second keeps stopping quick.
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(SHUTDOWN_POLL_SECONDS,), name="http", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:

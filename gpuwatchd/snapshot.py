@@ -19,6 +19,31 @@ from gpuwatchd.model import (
 
 
 @dataclass(frozen=True)
+class WebhookStatus:
+    """One webhook: deliveries since the daemon started, by result, and its outbox."""
+
+    name: str
+    delivered: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    pending: int = 0  # events waiting in the outbox
+    dead_letters: int = 0  # events given up on, kept for a while
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerStatus:
+    """One scheduler action (slurm, kubernetes)."""
+
+    name: str
+    node: str
+    dry_run: bool = False
+    drained: bool = False  # gpuwatchd's drain (cordon) is in place
+    withheld: str | None = None  # why fleet safety holds a wanted drain back
+    error: str | None = None  # the last attempt's failure, retried
+
+
+@dataclass(frozen=True)
 class Snapshot:
     time: float
     gpus: tuple[GpuSample, ...] = ()
@@ -38,3 +63,5 @@ class Snapshot:
     # False when the state database cannot be written (the daemon keeps monitoring).
     state_persisted: bool = True
     polls: int = 0
+    webhooks: tuple[WebhookStatus, ...] = ()
+    schedulers: tuple[SchedulerStatus, ...] = ()

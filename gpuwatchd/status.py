@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuwatchd.model import Finding, GpuSample, Health, PortSample
@@ -97,6 +97,8 @@ def to_json(snapshot: Snapshot) -> JsonDict:
         "infiniband_ports": [_port_json(port, snapshot) for port in snapshot.ports],
         "subjects": _subjects_json(snapshot),
         "quarantines": [dataclasses.asdict(q) for q in snapshot.quarantines],
+        "webhooks": [dataclasses.asdict(w) for w in snapshot.webhooks],
+        "schedulers": [dataclasses.asdict(s) for s in snapshot.schedulers],
     }
 
 
@@ -213,4 +215,50 @@ def render_table(data: Mapping[str, Any]) -> str:
             lines.append(
                 f"  {q['subject']}: {q['reason']} ({q['source']}, since {_when(q['since'])})"
             )
+    lines.extend(_actions_lines(data))
     return "\n".join(lines)
+
+
+def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
+    """`gpuwatchd quarantine list`: one row a quarantine."""
+    if not quarantines:
+        return "no quarantines"
+    rows = [
+        [
+            q["subject"],
+            q["source"] + (" (dry run)" if q["dry_run"] else ""),
+            _when(q["since"]),
+            q["operator"] or "-",
+            "yes" if q["hardware"] else "no",
+            q["reason"],
+        ]
+        for q in quarantines
+    ]
+    return "\n".join(_table(["SUBJECT", "SOURCE", "SINCE", "OPERATOR", "HARDWARE", "REASON"], rows))
+
+
+def _actions_lines(data: Mapping[str, Any]) -> list[str]:
+    lines = []
+    webhooks = data.get("webhooks") or []
+    if webhooks:
+        lines += ["", "webhooks:"]
+        for w in webhooks:
+            line = (
+                f"  {w['name']}: {w['pending']} pending, {w['dead_letters']} dead letters "
+                f"({w['delivered']} delivered, {w['retried']} retries since start)"
+            )
+            if w["last_error"]:
+                line += f"; last error: {w['last_error']}"
+            lines.append(line)
+    schedulers = data.get("schedulers") or []
+    if schedulers:
+        lines += ["", "schedulers:"]
+        for s in schedulers:
+            state = "drained by gpuwatchd" if s["drained"] else "not drained by gpuwatchd"
+            notes = [
+                "dry run" if s["dry_run"] else "",
+                f"drain held back: {s['withheld']}" if s["withheld"] else "",
+                f"error: {s['error']}" if s["error"] else "",
+            ]
+            lines.append(f"  {s['name']} ({s['node']}): {'; '.join([state, *filter(None, notes)])}")
+    return lines

@@ -1,0 +1,146 @@
+"""The CLI's side of the control API: requests to a daemon, and the same
+operations on the state database when the local daemon is not running.
+
+`DaemonDown` is raised only when nothing listens at the address (connection
+refused): the one case where working on the state database directly is
+safe, since no daemon holds it in memory. Any other failure to get an answer
+(a timeout, a TLS error) is `DaemonUnreachable`, and an error the daemon
+answers is `DaemonError`: the CLI reports both as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwatchd.actions.dispatch import manual_events, node_name
+from gpuwatchd.actions.manual import check_on_node, node_subjects, resolve_subject
+from gpuwatchd.config import Config
+from gpuwatchd.model import Decision, Quarantine
+from gpuwatchd.policy import NODE
+from gpuwatchd.store import EventsOf, Store
+
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+class DaemonUnreachable(Exception):
+    """No answer from the daemon; the message says why."""
+
+
+class DaemonDown(DaemonUnreachable):
+    """Nothing listens at the daemon's address."""
+
+
+class DaemonError(Exception):
+    """The daemon answered with an error; the message is its own."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class DaemonClient:
+    url: str
+    context: ssl.SSLContext | None = None  # for https; None: the system's CAs
+
+    def get(self, path: str) -> dict[str, Any]:
+        return self.send("GET", path)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        token: str | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(
+            f"{self.url.rstrip('/')}{path}", data=data, headers=headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(
+                request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context
+            ) as response:
+                document: dict[str, Any] = json.load(response)
+                return document
+        except urllib.error.HTTPError as error:
+            raise DaemonError(_error_text(error), error.code) from error
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ConnectionRefusedError):
+                raise DaemonDown(str(error.reason)) from error
+            raise DaemonUnreachable(str(error.reason)) from error
+        except (OSError, ValueError) as error:
+            raise DaemonUnreachable(str(error)) from error
+
+
+def _error_text(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(error.read())["error"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"HTTP {error.code} {error.reason}"
+
+
+def subject_path(subject: str) -> str:
+    return f"/api/v1/quarantines/{urllib.parse.quote(subject, safe='')}"
+
+
+class Offline:
+    """The control API's operations on the state database of a node whose
+    daemon is not running; the daemon loads what they write when it starts."""
+
+    def __init__(self, config: Config, state_dir: str) -> None:
+        self.config = config
+        self.store = Store.open(state_dir)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Offline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def subject(self, text: str) -> str:
+        """`text` as a subject of this node, by its last known samples."""
+        readings = self.store.last_readings(time.time(), max_age=math.inf)
+        gpus = [gpu for reading in readings for gpu in reading.gpus or ()]
+        ports = [port for reading in readings for port in reading.ports or ()]
+        subject = resolve_subject(text, gpus)
+        held = (q.subject for q in self.store.quarantines())
+        check_on_node(subject, node_subjects(gpus, ports), held)
+        return subject
+
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision:
+        return self.store.quarantine(subject, reason, operator, time.time(), self._events(operator))
+
+    def release(self, subject: str, reason: str, operator: str) -> Decision | None:
+        return self.store.release(subject, operator, time.time(), reason, self._events(operator))
+
+    def quarantines(self) -> tuple[Quarantine, ...]:
+        return self.store.quarantines()
+
+    def node_verdict(self) -> tuple[str, tuple[Quarantine, ...]]:
+        """The node's health as the daemon last saved it, and the quarantines."""
+        state = self.store.load_state()
+        node = state.subject(NODE)
+        return (node.health.label if node is not None else "healthy"), state.quarantines
+
+    def _events(self, operator: str) -> EventsOf:
+        names = [webhook.name for webhook in self.config.actions.webhooks]
+        return manual_events(node_name(self.config.actions), operator, names)

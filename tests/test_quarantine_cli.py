@@ -1,0 +1,132 @@
+"""`gpuwatchd quarantine add|release|list` as an operator runs it: against a
+real daemon process on loopback (the token from the file the daemon created),
+and on the state database when the local daemon is not running, which a
+daemon started afterwards picks up."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from actions_support import DaemonProcess, daemon_process, free_port, write_config
+from click.testing import CliRunner, Result
+
+from gpuwatchd.cli import main
+from gpuwatchd.store import Store
+
+OPERATOR = getpass.getuser()
+
+
+def _quarantined(daemon: DaemonProcess) -> str:
+    """The gpuwatchd_quarantined series on the daemon's /metrics."""
+    lines = daemon.metrics().splitlines()
+    return "\n".join(line for line in lines if line.startswith("gpuwatchd_quarantined{"))
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return write_config(tmp_path / "gpuwatchd.yaml", tmp_path / "state", free_port(), {})
+
+
+@pytest.fixture
+def daemon(config: Path) -> Iterator[DaemonProcess]:
+    with daemon_process(config) as running:
+        yield running
+
+
+def test_add_list_and_release_through_a_running_daemon(daemon: DaemonProcess, config: Path) -> None:
+    added = cli("quarantine", "add", "gpu:5", "--reason", "fan at 100%", "--config", str(config))
+    assert added.exit_code == 0, added.output
+    assert added.output == "quarantined gpu:5: fan at 100%\n"
+    assert (
+        'gpuwatchd_quarantined{reason="fan at 100%",source="manual",subject="gpu:5"} 1.0'
+        in daemon.metrics()
+    )
+
+    listed = cli("quarantine", "list", "--config", str(config))
+    assert listed.exit_code == 0 and listed.output.startswith("SUBJECT")
+    assert "gpu:5    manual  " in listed.output and OPERATOR in listed.output
+    as_json = json.loads(cli("quarantine", "list", "--json", "--node", daemon.url).output)
+    assert {q["subject"] for q in as_json} == {"gpu:5", "node"}
+
+    released = cli("quarantine", "release", "gpu:5", "--config", str(config))
+    assert released.output == f"released gpu:5: released by {OPERATOR}\n"
+    again = cli("quarantine", "release", "gpu:5", "--config", str(config))
+    assert again.exit_code == 1 and "gpu:5 is not quarantined" in again.output
+
+    with closing(Store.open(str(daemon.state_dir))) as store:
+        manual = [e for e in store.journal() if e.source == "manual"]
+    assert [(e.kind, e.subject, e.operator) for e in manual] == [
+        ("quarantine", "gpu:5", OPERATOR),
+        ("release", "gpu:5", OPERATOR),
+    ]
+
+
+def test_a_wrong_token_is_refused_and_journaled(
+    daemon: DaemonProcess, config: Path, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("mallory:guess\n")
+    result = cli(
+        "quarantine", "add", "node", "--reason", "x", "--config", str(config),
+        "--token-file", str(wrong),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert f"the bearer token is not valid (token from {wrong})" in result.output
+    assert "gpuwatchd_quarantined{" not in daemon.metrics()
+    with closing(Store.open(str(daemon.state_dir))) as store:
+        refused = [e.message for e in store.journal() if e.kind == "api_refused"]
+    assert refused == [
+        "POST /api/v1/quarantines from 127.0.0.1 refused: the bearer token is not valid"
+    ]
+
+
+def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_started_later_has_them(
+    config: Path,
+) -> None:
+    added = cli("quarantine", "add", "gpu:2", "--reason", "RMA", "--config", str(config))
+    assert added.exit_code == 0, added.output
+    assert "gpuwatchd is not running here: using the state database" in added.output
+    assert added.output.endswith("quarantined gpu:2: RMA\n")
+    listed = cli("quarantine", "list", "--json", "--config", str(config))
+    assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["gpu:2"]
+
+    with daemon_process(config) as daemon:
+        assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="gpu:2"} 1.0' in (
+            daemon.metrics()
+        )
+        # ...and the daemon takes the release from there on.
+        released = cli("quarantine", "release", "gpu:2", "--config", str(config))
+        assert released.exit_code == 0 and "state database" not in released.output
+        assert 'subject="gpu:2"' not in _quarantined(daemon)
+
+
+def test_offline_subjects_are_checked_against_the_last_known_samples(
+    config: Path, tmp_path: Path
+) -> None:
+    with daemon_process(config) as daemon:
+        uuid = json.loads(cli("status", "--json", "--node", daemon.url).output)["gpus"][6]["uuid"]
+    by_uuid = cli("quarantine", "add", f"gpu:{uuid}", "--reason", "x", "--config", str(config))
+    assert by_uuid.exit_code == 0 and by_uuid.output.endswith("quarantined gpu:6: x\n")
+    missing = cli("quarantine", "add", "gpu:8", "--reason", "x", "--config", str(config))
+    assert missing.exit_code == 2 and "gpu:8 is not on this node" in missing.output
+
+
+def test_an_explicit_node_that_does_not_answer_is_an_error_not_the_local_database(
+    config: Path,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = cli(
+        "quarantine", "add", "node", "--reason", "x", "--node", url, "--config", str(config)
+    )
+    assert result.exit_code == 1
+    assert f"cannot reach the gpuwatchd daemon at {url}" in result.output
+    assert not (config.parent / "state" / "state.db").exists()
