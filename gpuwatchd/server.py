@@ -45,7 +45,7 @@ from gpuwatchd.actions.manual import check_on_node, check_text, node_subjects, r
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
-from gpuwatchd.store import JournalEntry
+from gpuwatchd.store import JournalEntry, StoreError
 from gpuwatchd.units import parse_duration
 
 log = logging.getLogger(__name__)
@@ -199,8 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/api/v1/status":
             self.send_json(200, to_json(self.server.current()))
         elif path == QUARANTINES and control is not None:
-            quarantines = [dataclasses.asdict(q) for q in control.quarantines()]
-            self.send_json(200, {"quarantines": quarantines})
+            self._answer(lambda: (200, {"quarantines": _quarantines_json(control)}))
         elif path == "/api/v1/journal" and control is not None:
             self._answer(lambda: self._journal(control))
         elif path == "/":
@@ -230,6 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
             if write:
                 self._authenticate()
             status, document = handle()
+        except StoreError as error:
+            self.send_json(503, {"error": str(error)})
+            return
         except ApiError as error:
             headers = (
                 {"WWW-Authenticate": 'Bearer realm="gpuwatchd"'} if error.status == 401 else {}
@@ -355,6 +357,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "limit must be a whole number") from error
         entries = control.journal(since, subject, limit)
         return 200, {"entries": [dataclasses.asdict(entry) for entry in entries]}
+
+
+def _quarantines_json(control: Control) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(q) for q in control.quarantines()]
 
 
 def _since(value: str | None, now: float) -> float:

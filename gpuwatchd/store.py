@@ -458,16 +458,6 @@ class Store:
                 counts[row["webhook"]] = OutboxCounts(held.pending, row["n"])
         return counts
 
-    def outbox_dead_letters(self, webhook: str, limit: int = 20) -> tuple[OutboxItem, ...]:
-        """The latest dead-lettered events of `webhook`, newest first."""
-        with self._reading() as db:
-            rows = db.execute(
-                f"{_OUTBOX_ITEMS} WHERE o.webhook = ? AND o.state = ?"
-                " ORDER BY o.event_id DESC LIMIT ?",
-                (webhook, DEAD_LETTER, limit),
-            ).fetchall()
-        return tuple(_outbox_item(row) for row in rows)
-
     def outbox_prune(self, webhooks: Iterable[str], now: float, keep_dead_letters: float) -> int:
         """Drop the queues of webhooks no longer configured (returns how many
         events they held) and dead letters older than `keep_dead_letters`."""

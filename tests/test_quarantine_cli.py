@@ -12,7 +12,14 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from actions_support import DaemonProcess, daemon_process, free_port, write_config
+from actions_support import (
+    DaemonProcess,
+    daemon_process,
+    free_port,
+    receiver,
+    wait_for,
+    write_config,
+)
 from click.testing import CliRunner, Result
 
 from gpuwatchd.cli import main
@@ -90,23 +97,38 @@ def test_a_wrong_token_is_refused_and_journaled(
 
 
 def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_started_later_has_them(
-    config: Path,
+    tmp_path: Path,
 ) -> None:
-    added = cli("quarantine", "add", "gpu:2", "--reason", "RMA", "--config", str(config))
-    assert added.exit_code == 0, added.output
-    assert "gpuwatchd is not running here: using the state database" in added.output
-    assert added.output.endswith("quarantined gpu:2: RMA\n")
-    listed = cli("quarantine", "list", "--json", "--config", str(config))
-    assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["gpu:2"]
-
-    with daemon_process(config) as daemon:
-        assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="gpu:2"} 1.0' in (
-            daemon.metrics()
+    with receiver() as hook:
+        webhooks = [{"name": "ops", "url": hook.url, "retry_initial": "100ms"}]
+        config = write_config(
+            tmp_path / "gpuwatchd.yaml",
+            tmp_path / "state",
+            free_port(),
+            {"actions": {"webhooks": webhooks}},
         )
-        # ...and the daemon takes the release from there on.
-        released = cli("quarantine", "release", "gpu:2", "--config", str(config))
-        assert released.exit_code == 0 and "state database" not in released.output
-        assert 'subject="gpu:2"' not in _quarantined(daemon)
+        added = cli("quarantine", "add", "gpu:2", "--reason", "RMA", "--config", str(config))
+        assert added.exit_code == 0, added.output
+        assert "gpuwatchd is not running here: using the state database" in added.output
+        assert added.output.endswith("quarantined gpu:2: RMA\n")
+        listed = cli("quarantine", "list", "--json", "--config", str(config))
+        assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["gpu:2"]
+
+        with daemon_process(config) as daemon:
+            assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="gpu:2"} 1.0' in (
+                daemon.metrics()
+            )
+            # The event written with the offline change is delivered by the daemon.
+            (event, *_) = wait_for(hook.payloads, "the offline quarantine's webhook event")
+            assert (event["kind"], event["subject"], event["operator"]) == (
+                "quarantine",
+                "gpu:2",
+                OPERATOR,
+            )
+            # ...and the daemon takes the release from there on.
+            released = cli("quarantine", "release", "gpu:2", "--config", str(config))
+            assert released.exit_code == 0 and "state database" not in released.output
+            assert 'subject="gpu:2"' not in _quarantined(daemon)
 
 
 def test_offline_subjects_are_checked_against_the_last_known_samples(

@@ -52,7 +52,6 @@ RESOLVED = "resolved"
 DELIVERED = "delivered"
 RETRY = "retry"
 DEAD_LETTER = "dead_letter"
-RESULTS = (DELIVERED, RETRY, DEAD_LETTER)
 
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 TIMESTAMP_HEADER = "X-Gpuwatchd-Timestamp"

@@ -48,10 +48,6 @@ class Worker:
             if self._thread.is_alive():
                 log.warning("%s did not stop within %.0fs", self.name, timeout)
 
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
-
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
