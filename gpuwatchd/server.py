@@ -236,10 +236,10 @@ class _Handler(BaseHTTPRequestHandler):
             headers = (
                 {"WWW-Authenticate": 'Bearer realm="gpuwatchd"'} if error.status == 401 else {}
             )
-            if error.status == 413:
-                # The body was not read: the connection cannot carry another request.
-                self.close_connection = True
-                headers["Connection"] = "close"
+            # The body may be unread (a refused token, one too large): this
+            # connection cannot carry another request.
+            self.close_connection = True
+            headers["Connection"] = "close"
             self.send_json(error.status, {"error": str(error)}, headers)
             return
         self.send_json(status, document)

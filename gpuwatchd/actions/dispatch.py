@@ -48,18 +48,16 @@ class Actions:
         *,
         policy_dry_run: bool,
         listen_port: int,
-        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.node = node_name(config)
         self._store = store
-        self._clock = clock
         self._stopping = threading.Event()
         external_url = config.external_url or f"http://{self.node}:{listen_port}"
+        # Jitter only: no need for a seed or a secure source.
+        rng = random.Random()
         self.senders = tuple(
-            WebhookSender(
-                webhook, store, clock, rng or random.Random(), external_url, self._stopping.is_set
-            )
+            WebhookSender(webhook, store, clock, rng, external_url, self._stopping.is_set)
             for webhook in config.webhooks
         )
         fleet = FleetSafety(config.fleet_safety)
@@ -139,7 +137,9 @@ class Actions:
     def stop(self) -> None:
         self._stopping.set()
         for worker in self._workers:
-            worker.stop(STOP_TIMEOUT_SECONDS)
+            worker.stop()
+        for worker in self._workers:
+            worker.join(STOP_TIMEOUT_SECONDS)
 
     def _prune(self, now: float) -> None:
         if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_SECONDS:

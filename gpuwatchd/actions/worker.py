@@ -39,10 +39,12 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout: float) -> None:
+    def stop(self) -> None:
         """Stop after the current step; a request in flight ends by its own timeout."""
         self._stop.set()
         self._wake.set()
+
+    def join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
