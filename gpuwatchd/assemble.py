@@ -4,11 +4,17 @@ same daemon with a fake clock."""
 
 from __future__ import annotations
 
+import logging
+import os
 import tempfile
+from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
+from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
+from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, FaultSpec, sdc_faults
+from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.daemon import Daemon
@@ -17,6 +23,55 @@ from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
 from gpuwatchd.sources.infiniband import InfinibandSource
 from gpuwatchd.sources.nvml import NvmlSource
+
+log = logging.getLogger(__name__)
+
+
+def build_canary(
+    config: Config,
+    clock: Clock,
+    scenario: scenarios.Scenario | None = None,
+    runner: BurstRunner = run_burst,
+    executor: Executor | None = None,
+) -> CanaryAgent | None:
+    """The canary agent (None when canaries are off). On a simulated node the
+    CPU backend stands in for each GPU and the scenario's `sdc` faults
+    corrupt the stand-in of the GPUs they name, while they are active.
+    `runner` and `executor` say where bursts run (worker processes by default)."""
+    if not config.canary.enabled:
+        return None
+    backend, why = choose_gpu_backend(
+        config.canary.backend, simulated=scenario is not None, probe_timeout=config.canary.timeout
+    )
+    log.info("canaries: %s", why)
+    digests = os.path.join(config.daemon.state_dir, "canary-digests.json")
+    cores = os.sched_getaffinity(0)
+    if scenario is None:
+        return CanaryAgent(
+            config.canary,
+            clock,
+            gpu_backend=backend,
+            host_cores=cores,
+            digest_path=digests,
+            runner=runner,
+            executor=executor,
+        )
+    start = clock.now()
+
+    def faults(gpu: int) -> tuple[FaultSpec, ...]:
+        return sdc_faults(scenario, clock.now() - start).get(gpu, ())
+
+    return CanaryAgent(
+        config.canary,
+        clock,
+        gpu_backend=backend,
+        host_cores=cores,
+        stand_in=StandIn(scenario.node.model, SIMULATED_SM_COUNT),
+        faults=faults,
+        digest_path=digests,
+        runner=runner,
+        executor=executor,
+    )
 
 
 def build_sources(config: Config, clock: Clock, xid_thread: bool = True) -> list[Source]:
@@ -43,12 +98,19 @@ def build_daemon(
     """The daemon `gpuwatchd run` runs; with a scenario, over a simulated node
     whose files and fake library `stack` removes on exit."""
     if scenario_name is None:
-        daemon = Daemon(config, build_sources(config, clock), clock)
+        sources = build_sources(config, clock)
+        daemon = Daemon(config, sources, clock, canary=build_canary(config, clock))
     else:
         chosen = scenarios.load(scenario_name)
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-sysfs-")))
         config, node = simulate(config, clock, chosen, root)
         stack.callback(node.uninstall)
-        daemon = Daemon(config, build_sources(config, clock), clock, before_poll=node.advance)
+        daemon = Daemon(
+            config,
+            build_sources(config, clock),
+            clock,
+            before_poll=node.advance,
+            canary=build_canary(config, clock, chosen),
+        )
     stack.callback(daemon.close)
     return daemon

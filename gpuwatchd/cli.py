@@ -32,6 +32,7 @@ from gpuwatchd.actions.client import (
 )
 from gpuwatchd.actions.manual import check_text, local_operator
 from gpuwatchd.assemble import build_daemon
+from gpuwatchd.canary.cli import canary
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -94,9 +95,10 @@ def _apply_overrides(
             daemon = replace(daemon, state_dir=state_dir)
         if interval is not None:
             daemon = replace(daemon, poll_interval=interval)
-        chosen = config.sources.only(sources) if sources else config.sources
+        config = config.only_sources(sources) if sources else config
     except ValueError as error:
         raise click.UsageError(str(error)) from error
+    chosen = config.sources
     if sysfs_root is not None:
         chosen = replace(chosen, infiniband=replace(chosen.infiniband, sysfs_root=sysfs_root))
     return replace(config, daemon=daemon, sources=chosen)
@@ -186,7 +188,7 @@ def run(
             "gpuwatchd %s serving %s/metrics, sources: %s%s",
             __version__,
             server.url,
-            ", ".join(config.sources.enabled()) or "none",
+            ", ".join(config.enabled_sources()) or "none",
             f", simulating {simulate}" if simulate else "",
         )
         daemon.run(Notifier())
@@ -309,6 +311,9 @@ def journal(
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
         else:
             click.echo(_format_entry(entry))
+
+
+main.add_command(canary)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from gpuwatchd.actions.fleet import FleetSafetyConfig
 from gpuwatchd.actions.kubernetes import KubernetesConfig
 from gpuwatchd.actions.slurm import SlurmConfig
 from gpuwatchd.actions.webhook import WebhookConfig
+from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.checks.registry import ChecksConfig
 from gpuwatchd.policy import PolicyConfig
 from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
@@ -23,7 +24,7 @@ from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
 
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
-SOURCE_NAMES = ("nvml", "infiniband")
+SOURCE_NAMES = ("nvml", "infiniband", "canary")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -60,20 +61,6 @@ class SourcesConfig:
     nvml: NvmlSourceConfig = field(default_factory=NvmlSourceConfig)
     infiniband: InfinibandSourceConfig = field(default_factory=InfinibandSourceConfig)
 
-    def enabled(self) -> tuple[str, ...]:
-        return tuple(name for name in SOURCE_NAMES if getattr(self, name).enabled)
-
-    def only(self, names: tuple[str, ...]) -> SourcesConfig:
-        """The same settings with exactly `names` enabled (`run --source`)."""
-        unknown = set(names) - set(SOURCE_NAMES)
-        if unknown:
-            raise ValueError(f"unknown source(s): {', '.join(sorted(unknown))}")
-        return replace(
-            self,
-            nvml=replace(self.nvml, enabled="nvml" in names),
-            infiniband=replace(self.infiniband, enabled="infiniband" in names),
-        )
-
 
 @dataclass(frozen=True)
 class ActionsConfig:
@@ -102,6 +89,7 @@ class Config:
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
 
@@ -109,6 +97,28 @@ class Config:
     def token_file(self) -> str:
         """The API token file: configured, or in the state directory."""
         return self.api.token_file or os.path.join(self.daemon.state_dir, API_TOKEN_NAME)
+
+    def enabled_sources(self) -> tuple[str, ...]:
+        enabled = {
+            "nvml": self.sources.nvml.enabled,
+            "infiniband": self.sources.infiniband.enabled,
+            "canary": self.canary.enabled,
+        }
+        return tuple(name for name in SOURCE_NAMES if enabled[name])
+
+    def only_sources(self, names: tuple[str, ...]) -> Config:
+        """The same settings with exactly `names` enabled (`run --source`)."""
+        unknown = set(names) - set(SOURCE_NAMES)
+        if unknown:
+            raise ValueError(f"unknown source(s): {', '.join(sorted(unknown))}")
+        sources = replace(
+            self.sources,
+            nvml=replace(self.sources.nvml, enabled="nvml" in names),
+            infiniband=replace(self.sources.infiniband, enabled="infiniband" in names),
+        )
+        return replace(
+            self, sources=sources, canary=replace(self.canary, enabled="canary" in names)
+        )
 
 
 def load_config(path: str | None) -> Config:

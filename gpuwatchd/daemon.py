@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from prometheus_client import CollectorRegistry, Histogram
 
 from gpuwatchd.actions.dispatch import Actions
+from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
@@ -91,9 +92,11 @@ class Daemon:
         clock: Clock,
         before_poll: Callable[[float], None] | None = None,
         boot_id_path: str | None = None,
+        canary: CanaryAgent | None = None,
     ) -> None:
         self.config = config
         self.sources = list(sources)
+        self.canary = canary
         self.clock = clock
         self.before_poll = before_poll
         self.history = History(max_age_seconds=config.daemon.history)
@@ -148,10 +151,31 @@ class Daemon:
         boots = self.store.boot_record()
         checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
         gathered = _Gathered(readings).snapshot(now, self._polls)
+        canary = self._poll_canary(now)
+        if canary is not None:
+            checked = replace(checked, findings=(*checked.findings, *canary.findings))
+            gathered = replace(gathered, canary=canary.stats)
         with self._judging:
             self._checked = checked
             result = self._judge(now, readings, self.boot_id)
             return self._publish(gathered, result)
+
+    def _poll_canary(self, now: float) -> CanaryView | None:
+        """Start due canary bursts and collect finished ones (never blocks)."""
+        if self.canary is None:
+            return None
+        gpus = [
+            sample
+            for index in self.history.gpu_indices()
+            if (sample := self.history.latest_gpu(index)) is not None
+        ]
+        # Every XID since the oldest burst that may still be running began.
+        horizon = self.config.canary.timeout + self.config.daemon.poll_interval
+        return self.canary.poll(
+            gpus,
+            self.history.xid_events(since=now - horizon),
+            quarantined={q.subject for q in self.state.quarantines if not q.dry_run},
+        )
 
     def _judge(
         self, now: float, readings: tuple[Reading, ...] = (), boot_id: str | None = None
@@ -314,6 +338,8 @@ class Daemon:
 
     def close(self) -> None:
         self.actions.stop()
+        if self.canary is not None:
+            self.canary.close()
         for source in self.sources:
             try:
                 source.close()

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
+from gpuwatchd.canary import export as canary
 from gpuwatchd.export import actions, gpu, health, infiniband
 from gpuwatchd.snapshot import Snapshot
 
@@ -51,6 +52,7 @@ RENDERERS: tuple[FamilyRenderer, ...] = (
     infiniband.families,
     health.families,
     actions.families,
+    lambda snapshot: canary.families(snapshot.canary) if snapshot.canary else (),
 )
 
 

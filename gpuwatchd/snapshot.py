@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.model import (
     Finding,
     GpuSample,
@@ -65,3 +66,5 @@ class Snapshot:
     polls: int = 0
     webhooks: tuple[WebhookStatus, ...] = ()
     schedulers: tuple[SchedulerStatus, ...] = ()
+    # Canary runs and results since the daemon started; None without canaries.
+    canary: CanaryStats | None = None

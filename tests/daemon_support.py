@@ -9,17 +9,32 @@ in milliseconds and without sleeping.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
-from gpuwatchd.assemble import build_sources, simulate
+from gpuwatchd.assemble import build_canary, build_sources, simulate
+from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import Config
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.snapshot import Snapshot
+
+T = TypeVar("T")
+
+
+class InlineExecutor(Executor):
+    """Runs each canary burst as it is submitted, in this process: the agent
+    sees it done at its next poll, so canary tests are deterministic."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
 
 
 @dataclass
@@ -44,13 +59,18 @@ def simulated_daemon(
     scenario_text: str,
     state_dir: Path,
     config: Config | None = None,
+    canary: bool = False,
 ) -> Iterator[SimulatedDaemon]:
+    """`canary` runs the canary agent too (bursts inline, host cores left out)."""
     config = config or Config()
+    config = replace(config, canary=replace(config.canary, enabled=canary, host_cores=False))
     config = replace(config, daemon=replace(config.daemon, state_dir=str(state_dir / "state")))
     clock = FakeClock()
     scenario = scenarios.parse(scenario_text, "test-scenario")
     config, node = simulate(config, clock, scenario, state_dir / "sysfs")
-    daemon = Daemon(config, build_sources(config, clock, xid_thread=False), clock, node.advance)
+    agent = build_canary(config, clock, scenario, run_in_process, InlineExecutor())
+    sources = build_sources(config, clock, xid_thread=False)
+    daemon = Daemon(config, sources, clock, node.advance, canary=agent)
     try:
         yield SimulatedDaemon(daemon, clock, node, clock.now())
     finally:

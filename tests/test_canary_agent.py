@@ -6,9 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, TypeVar
+
+from daemon_support import InlineExecutor
 
 from gpuwatchd.canary.agent import CanaryAgent, StandIn
 from gpuwatchd.canary.config import CanaryConfig
@@ -21,15 +22,6 @@ from gpuwatchd.model import GpuSample, Severity, XidEvent
 
 T = TypeVar("T")
 POLL = 10.0
-
-
-class InlineExecutor(Executor):
-    """Runs each burst as it is submitted: the agent sees it done at its next poll."""
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future: Future[T] = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
 
 
 def gpus(count: int, utilization: float = 0.0) -> list[GpuSample]:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-
 from daemon_support import simulated_daemon
+
 from gpuwatchd.cli import main
 
 SCENARIO = (

@@ -79,7 +79,7 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_canary_last_pass_timestamp_seconds",
         "gpuwatchd_canary_duration_seconds",
         "gpuwatchd_canary_tflops",
-        "gpuwatchd_canary_mismatched_bits_total",
+        "gpuwatchd_canary_bit_flips_total",
         # Webhooks
         "gpuwatchd_webhook_deliveries_total",
         "gpuwatchd_webhook_outbox_pending",

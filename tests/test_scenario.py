@@ -61,6 +61,10 @@ def test_every_builtin_scenario_parses() -> None:
         ("faults: [{at: 1s, kind: clock_drift, gpu: 0, ratio: 1.5}]", "ratio must be between"),
         ("node: {gpus: 2}\nfaults: [{at: 1s, kind: xid, gpu: 2, code: 79}]", "node has 2 GPUs"),
         ("nodes: {}", r"unknown key\(s\) nodes"),
+        (
+            "faults: [{at: 1s, kind: sdc, gpu: 0, mode: melt}]",
+            r"fault 1 \(sdc\): unknown mode 'melt'",
+        ),
         ("faults: {at: 1s}", "faults must be a list"),
     ],
 )

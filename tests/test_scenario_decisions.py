@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from daemon_support import SimulatedDaemon, simulated_daemon
+
+from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.model import Health, Severity
 
@@ -273,3 +274,20 @@ def test_infiniband_counter_reset_raises_nothing(tmp_path: Path) -> None:
         sim.node.fabric.reset_counters("mlx5_0", sim.clock.now())
         snapshot = sim.run_until(900)
     assert [f for f in snapshot.findings if f.severity is not Severity.OK] == []
+
+
+def test_sdc_ends_in_a_confirmed_quarantine_of_that_gpu_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    # Bursts every minute so the test needs few polls; the canary agent runs
+    # the production suite on the CPU backend standing in for each GPU.
+    config = Config(canary=CanaryConfig(interval=60.0))
+    with simulated_daemon(_scenario("{kind: sdc, gpu: 2}"), tmp_path, config, canary=True) as sim:
+        snapshot = sim.run_until(300)
+    finding = next(f for f in snapshot.findings if f.code == "sdc_confirmed")
+    assert finding.subject == "gpu:2" and finding.definitive
+    quarantined = {q.subject: q for q in snapshot.quarantines}
+    assert quarantined["gpu:2"].hardware
+    # The node follows its GPU (node_quarantine_ratio), nothing else is touched.
+    assert set(quarantined) == {"gpu:2", "node"}
+    assert snapshot.canary is not None

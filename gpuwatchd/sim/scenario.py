@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -49,6 +49,23 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+
+# What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
+# says what each mode is); `consistent` when no mode is given.
+SdcMode = Literal[
+    "lane",
+    "sm",
+    "consistent",
+    "data",
+    "intermittent",
+    "lsb",
+    "stuck_bit",
+    "address_alias",
+    "hang",
+    "crash",
+    "error",
+]
+SDC_MODES: tuple[SdcMode, ...] = get_args(SdcMode)
 
 
 class ScenarioError(ValueError):
@@ -180,6 +197,9 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: port {fault.port} out of range (each HCA has port 1)")
     if fault.ratio is not None and not 0 < fault.ratio < 1:
         raise ScenarioError(f"{label}: ratio must be between 0 and 1, got {fault.ratio}")
+    if fault.mode is not None and fault.mode not in SDC_MODES:
+        known = ", ".join(SDC_MODES)
+        raise ScenarioError(f"{label}: unknown mode {fault.mode!r} (known modes: {known})")
     if fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
 
