@@ -3,11 +3,10 @@ sources, rendered by the exporter, parsed back and checked with promtool."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 from daemon_support import simulated_daemon
+from metrics_support import promtool_check
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -76,18 +75,11 @@ def test_absent_readings_are_absent_series_not_zeros(tmp_path: Path) -> None:
 
 
 def test_exposition_passes_promtool_check_metrics(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool (Debian package prometheus) is needed: ./scripts/test installs it"
     text = _render(
         tmp_path,
         "faults: [{at: 5s, kind: xid, gpu: 1, code: 79}, {at: 6s, kind: gpu_lost, gpu: 1}]\n",
     )
-    checked = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
-    )
-    assert checked.returncode == 0 and checked.stdout == "" and checked.stderr == "", (
-        checked.stdout + checked.stderr
-    )
+    assert promtool_check(text) == (0, "")
 
 
 def test_lost_gpu_is_down_while_the_others_keep_reporting(tmp_path: Path) -> None:
