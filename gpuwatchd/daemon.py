@@ -18,7 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -30,7 +30,7 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
-from gpuwatchd.model import Decision, Quarantine, Reading
+from gpuwatchd.model import Decision, GpuSample, Quarantine, Reading
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
@@ -40,29 +40,22 @@ from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _Gathered:
-    """The merged readings of one poll."""
-
-    readings: tuple[Reading, ...]
-
-    def snapshot(self, now: float, polls: int) -> Snapshot:
-        gpus = tuple(gpu for reading in self.readings for gpu in reading.gpus or ())
-        devices = tuple(
-            device for reading in self.readings for device in reading.infiniband_devices or ()
-        )
-        ports = tuple(port for reading in self.readings for port in reading.ports or ())
-        driver = next((r.driver_version for r in self.readings if r.driver_version), None)
-        return Snapshot(
-            time=now,
-            gpus=tuple(sorted(gpus, key=lambda gpu: gpu.index)),
-            infiniband_devices=tuple(sorted(devices, key=lambda device: device.device)),
-            ports=tuple(sorted(ports, key=lambda port: (port.device, port.port))),
-            driver_version=driver,
-            source_up={reading.source: reading.error is None for reading in self.readings},
-            source_errors={r.source: r.error for r in self.readings if r.error is not None},
-            polls=polls,
-        )
+def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
+    """The merged readings of one poll, before judgement."""
+    gpus = tuple(gpu for reading in readings for gpu in reading.gpus or ())
+    devices = tuple(device for reading in readings for device in reading.infiniband_devices or ())
+    ports = tuple(port for reading in readings for port in reading.ports or ())
+    driver = next((r.driver_version for r in readings if r.driver_version), None)
+    return Snapshot(
+        time=now,
+        gpus=tuple(sorted(gpus, key=lambda gpu: gpu.index)),
+        infiniband_devices=tuple(sorted(devices, key=lambda device: device.device)),
+        ports=tuple(sorted(ports, key=lambda port: (port.device, port.port))),
+        driver_version=driver,
+        source_up={reading.source: reading.error is None for reading in readings},
+        source_errors={r.source: r.error for r in readings if r.error is not None},
+        polls=polls,
+    )
 
 
 def open_store(state_dir: str) -> Store:
@@ -150,8 +143,8 @@ class Daemon:
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
         checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
-        gathered = _Gathered(readings).snapshot(now, self._polls)
-        canary = self._poll_canary(now)
+        gathered = _gathered(readings, now, self._polls)
+        canary = self._poll_canary(now, gathered.gpus)
         if canary is not None:
             checked = replace(checked, findings=(*checked.findings, *canary.findings))
             gathered = replace(gathered, canary=canary.stats)
@@ -160,15 +153,11 @@ class Daemon:
             result = self._judge(now, readings, self.boot_id)
             return self._publish(gathered, result)
 
-    def _poll_canary(self, now: float) -> CanaryView | None:
-        """Start due canary bursts and collect finished ones (never blocks)."""
+    def _poll_canary(self, now: float, gpus: Sequence[GpuSample]) -> CanaryView | None:
+        """Start due canary bursts on this poll's GPUs and collect finished
+        ones (never blocks)."""
         if self.canary is None:
             return None
-        gpus = [
-            sample
-            for index in self.history.gpu_indices()
-            if (sample := self.history.latest_gpu(index)) is not None
-        ]
         # Every XID since the oldest burst that may still be running began.
         horizon = self.config.canary.timeout + self.config.daemon.poll_interval
         return self.canary.poll(
