@@ -370,7 +370,7 @@ def _since(value: str | None, now: float) -> float:
     try:
         return float(value)
     except ValueError:
-        pass
+        pass  # not a timestamp: a duration, then
     try:
         return now - parse_duration(value)
     except ValueError as error:

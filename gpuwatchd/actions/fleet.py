@@ -73,7 +73,8 @@ class Verdict:
 
 
 class QueryError(RuntimeError):
-    pass
+    """Prometheus cannot give fleet safety the count it asked for: unreachable,
+    not configured, an error, or an answer that is not one number."""
 
 
 class FleetSafety:

@@ -37,7 +37,7 @@ def cpu_model() -> str:
                 if key.strip() == "model name":
                     return value.strip()
     except OSError:
-        pass
+        pass  # no /proc (not Linux): the architecture names the CPU instead
     return platform.machine() or "cpu"
 
 

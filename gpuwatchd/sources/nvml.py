@@ -606,7 +606,7 @@ class _XidListener:
             try:
                 self._receive(XID_WAIT_MS)
             except pynvml.NVMLError_Timeout:
-                pass
+                pass  # no XID this second: wait again
             except pynvml.NVMLError as error:
                 log.warning("XID event wait failed (%s); registering again in %gs", error, backoff)
                 if self._clock.wait(self._stop, backoff):
