@@ -42,7 +42,7 @@ from gpuwatchd.config import (
     parse_listen,
 )
 from gpuwatchd.notify import Notifier
-from gpuwatchd.server import StatusServer, client_secret, ensure_token_file
+from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
@@ -209,8 +209,7 @@ def _local_url(config: Config) -> str:
     host, port = parse_listen(config.daemon.listen)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
-    scheme = "https" if config.api.tls_cert_file else "http"
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+    return base_url(host, port, tls=bool(config.api.tls_cert_file))
 
 
 def _client(config: Config, node_url: str | None) -> DaemonClient:

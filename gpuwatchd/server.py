@@ -377,6 +377,12 @@ def _since(value: str | None, now: float) -> float:
         raise ApiError(400, f"since: {error}, or seconds since the epoch") from error
 
 
+def base_url(host: str, port: int, tls: bool) -> str:
+    """The daemon's URL at `host:port` (an IPv6 host in brackets)."""
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
 class StatusServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -434,9 +440,7 @@ class StatusServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        host = str(host)
-        scheme = "https" if self.tls is not None else "http"
-        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+        return base_url(str(host), int(port), tls=self.tls is not None)
 
     def start(self) -> None:
         # Polling for shutdown ten times a second keeps stopping quick.
