@@ -44,6 +44,24 @@ NVLINK_ERROR_TYPES: tuple[str, ...] = ("crc_flit", "crc_data", "replay", "recove
 ECC_TYPES: tuple[str, ...] = ("corrected", "uncorrected")
 ECC_SCOPES: tuple[str, ...] = ("volatile", "aggregate")
 
+# Row-remapper histogram buckets (nvmlRowRemapperHistogramValues_t), most spare rows first.
+ROW_REMAPPER_BUCKETS: tuple[str, ...] = ("max", "high", "partial", "low", "none")
+
+# nvmlDeviceGpuRecoveryAction_t (nvml.h from NVML 12.8 / R570; 6 and 7 from
+# nvidia-ml-py 13.615), under the label values of gpuwatchd_gpu_recovery_action.
+GPU_RECOVERY_ACTIONS: Mapping[int, str] = MappingProxyType(
+    {
+        0: "none",
+        1: "gpu_reset",
+        2: "node_reboot",
+        3: "drain_p2p",
+        4: "drain_and_reset",
+        5: "recover_imex_domain",
+        6: "bus_reset",
+        7: "system_reboot",
+    }
+)
+
 # Retired pages (pre-Ampere page retirement), by cause.
 RETIRED_PAGE_CAUSES: tuple[str, ...] = ("multiple_single_bit", "double_bit")
 
@@ -93,6 +111,18 @@ class GpuSample:
     row_remap_failed: bool | None = None
     retired_pages: Mapping[str, int] = field(default_factory=dict)  # RETIRED_PAGE_CAUSES -> count
     retired_pages_pending: bool | None = None
+    # SRAM (L2, register file...) ECC: whether the field-diag error threshold
+    # is exceeded (NVIDIA's RMA criterion for SRAM), from nvmlDeviceGetSramEccErrorStatus.
+    sram_threshold_exceeded: bool | None = None
+    # Banks of the row remapper by spare rows left (max, high, partial, low,
+    # none), from nvmlDeviceGetRowRemapperHistogram.
+    row_remapper_banks: Mapping[str, int] = field(default_factory=dict)
+    # The driver's own verdict on what the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+    # R570 and later): one of GPU_RECOVERY_ACTIONS' codes.
+    recovery_action: int | None = None
+    # A call answered NVML_ERROR_RESET_REQUIRED: "the GPU requires a reset
+    # before it can be used again" (nvml.h).
+    reset_required: bool = False
     nvlinks: tuple[LinkSample, ...] = ()
     # Every XID seen on this GPU since the daemon started, counted per code.
     xid_counts: Mapping[int, int] = field(default_factory=dict)
@@ -195,6 +225,10 @@ class Action(enum.Enum):
     RESTART_APP = "restart_app"
     RESET_GPU = "reset_gpu"
     REBOOT = "reboot"
+    # Stop the GPU's peer-to-peer traffic (its jobs), then ask the driver again.
+    DRAIN_P2P = "drain_p2p"
+    # Recover the multi-node NVLink (IMEX) domain the GPU belongs to.
+    RECOVER_IMEX_DOMAIN = "recover_imex_domain"
     INSPECT_HARDWARE = "inspect_hardware"
 
 
@@ -215,6 +249,7 @@ class Finding:
     action: Action = Action.NONE
     evidence: Mapping[str, float | int | str] = field(default_factory=dict)
     definitive: bool = False
+    immediate: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ and release decisions, the findings raised and cleared, and the next state.
 
 - A definitive critical finding (a hardware fault) quarantines its subject at
   once, as a hardware quarantine that is never released automatically.
+- An immediate critical finding (a state the driver reports, such as "reset
+  required") quarantines at once too, but as an ordinary quarantine: released
+  once the state has cleared and stayed quiet for `release_after`.
 - Any other critical finding makes its subject unhealthy and quarantines it
   only once it has held for `confirm_for`, like a Prometheus alert's `for:`,
   so one burst does not drain a node.
@@ -438,6 +441,10 @@ def _wanted(
     definitive = [f for f in critical if f.definitive]
     if definitive:
         return definitive[0]
+    # The driver's own "reset required" and the like need no confirming either.
+    immediate = [f for f in critical if f.immediate]
+    if immediate:
+        return immediate[0]
     # The node's share of quarantined GPUs needs no confirming: each of those
     # quarantines was confirmed already.
     share = [f for f in critical if f.code == NODE_SHARE_CODE]

@@ -36,13 +36,38 @@ def only(findings: list[Finding]) -> Finding:
     return finding
 
 
-def test_an_uncorrectable_error_is_critical_definitive_and_asks_for_a_reset() -> None:
+def test_an_uncorrectable_error_drains_the_gpu_for_a_reset_without_condemning_it() -> None:
+    # NVIDIA's memory error management guide: A100 and later contain the
+    # error and remap the row at the next reset; only the RMA criteria
+    # (remap failure, SRAM threshold, no spare rows) condemn for good.
     finding = only(judged(ecc(uncorrected=0), ecc(uncorrected=0), ecc(uncorrected=1)))
     assert finding.subject == "gpu:1"
     assert finding.code == "ecc_uncorrectable"
     assert finding.severity is Severity.CRITICAL
-    assert finding.definitive
+    assert finding.immediate and not finding.definitive
     assert finding.action is Action.RESET_GPU
+
+
+def pending_after(uncorrected: int, pending: bool) -> GpuSample:
+    return gpu(
+        1,
+        ecc_errors={("uncorrected", "volatile"): uncorrected},
+        row_remap_pending=pending,
+        row_remap_failed=False,
+    )
+
+
+def test_an_uncorrectable_error_holds_its_finding_while_its_repair_is_pending() -> None:
+    # Long after the window, the row is still waiting for the reset.
+    samples = [pending_after(1, pending=True)] * POLLS * 2
+    finding = only([f for f in judged(*samples) if f.code == "ecc_uncorrectable"])
+    assert finding.evidence["errors"] == 0 and finding.evidence["errors_since_reset"] == 1
+
+
+def test_a_gpu_back_from_its_reset_with_nothing_pending_has_no_ecc_finding() -> None:
+    before = [pending_after(1, pending=True)] * 3
+    after = [pending_after(0, pending=False)] * POLLS
+    assert judged(*before, *after) == []
 
 
 def test_an_aggregate_count_that_grows_is_an_uncorrectable_error_too() -> None:
@@ -98,9 +123,32 @@ def test_a_row_remap_failure_is_critical_and_definitive() -> None:
     )
 
 
-def test_uncorrectable_remapped_rows_at_the_limit_warn() -> None:
-    assert judged(gpu(1, remapped_rows_uncorrectable=511)) == []
-    assert only(judged(gpu(1, remapped_rows_uncorrectable=512))).code == "row_remap_exhausted"
+def banks(none: int) -> dict[str, int]:
+    return {"max": 2560 - none, "high": 0, "partial": 0, "low": 0, "none": none}
+
+
+def test_a_bank_with_no_spare_rows_left_condemns_the_gpu() -> None:
+    # 512 uncorrectable remaps alone are no finding: the histogram says whether
+    # a bank has run out (NVIDIA's RMA criterion), not the count.
+    assert judged(gpu(1, remapped_rows_uncorrectable=512, row_remapper_banks=banks(0))) == []
+    finding = only(judged(gpu(1, row_remapper_banks=banks(1))))
+    assert (finding.code, finding.severity, finding.definitive) == (
+        "row_remap_exhausted",
+        Severity.CRITICAL,
+        True,
+    )
+    assert finding.evidence["banks_none"] == 1
+
+
+def test_sram_errors_past_the_field_diag_threshold_condemn_the_gpu() -> None:
+    assert judged(gpu(1, sram_threshold_exceeded=False)) == []
+    finding = only(judged(gpu(1, sram_threshold_exceeded=True)))
+    assert (finding.code, finding.severity, finding.definitive, finding.action) == (
+        "sram_threshold_exceeded",
+        Severity.CRITICAL,
+        True,
+        Action.INSPECT_HARDWARE,
+    )
 
 
 def test_pending_page_retirement_warns() -> None:

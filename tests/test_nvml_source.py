@@ -12,7 +12,7 @@ from nvml_support import A100, B200, H100, V100, SimulatedNode, simulated_node
 
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.model import CLOCKS_EVENT_REASONS, THROTTLE_REASONS, GpuSample
-from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION
+from gpuwatchd.sim.fake_nvml import DEFAULT_DRIVER_VERSION, R580_DRIVER_VERSION
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 from gpuwatchd.sources.nvml import NvmlSource
 
@@ -62,7 +62,7 @@ def test_h100_every_value_read_through_nvidia_ml_py() -> None:
     with simulated_node(model=H100) as node:
         reading = node.poll_at(600)
         assert reading.source == "nvml"
-        assert reading.driver_version == "550.54.15"
+        assert reading.driver_version == DEFAULT_DRIVER_VERSION
         assert reading.gpus is not None and len(reading.gpus) == 2
         sample = reading.gpus[0]
         assert_matches_hardware(node, sample)

@@ -80,9 +80,20 @@ def test_the_second_fault_is_named_by_its_position() -> None:
 
 
 def test_every_kind_is_accepted_with_its_required_fields() -> None:
-    values = {"gpu": 0, "link": 0, "rate": "1/s", "hca": "mlx5_0", "port": 1, "code": 79}
+    values = {
+        "gpu": 0,
+        "link": 0,
+        "rate": "1/s",
+        "hca": "mlx5_0",
+        "port": 1,
+        "code": 79,
+        "call": "nvmlDeviceGetRemappedRows",
+        "action": "gpu_reset",
+    }
     for kind, (required, _) in FAULT_FIELDS.items():
         fault = {"at": "1s", "kind": kind, **{name: values[name] for name in required}}
+        if kind == "nvml_error":
+            fault["code"] = "not_supported"
         assert parse(f"faults: [{fault}]".replace("'", '"')).faults[0].kind == kind
 
 
@@ -111,3 +122,27 @@ def test_durations(text: str | int, seconds: float) -> None:
 @pytest.mark.parametrize(("text", "per_second"), [("50/s", 50), ("6/min", 0.1), ("36/h", 0.01)])
 def test_rates(text: str, per_second: float) -> None:
     assert parse_rate(text) == pytest.approx(per_second)
+
+
+def test_an_nvml_error_fault_takes_the_code_by_name_or_number() -> None:
+    text = (
+        "faults:\n"
+        "  - {at: 1s, kind: nvml_error, gpu: 0, call: NVML_FI_DEV_MEMORY_TEMP, code: TIMEOUT}\n"
+        "  - {at: 1s, kind: nvml_error, gpu: 0, call: nvmlDeviceGetNvLinkState, code: 3, link: 2}\n"
+    )
+    first, second = parse(text).faults
+    assert (first.call, first.code) == ("NVML_FI_DEV_MEMORY_TEMP", 10)
+    assert (second.call, second.code, second.link) == ("nvmlDeviceGetNvLinkState", 3, 2)
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("{kind: nvml_error, gpu: 0, call: nvmlDeviceGetFoo, code: 3}", "no NVML device function"),
+        ("{kind: nvml_error, gpu: 0, call: nvmlDeviceGetName, code: BOGUS}", "unknown code"),
+        ("{kind: recovery_action, gpu: 0, action: reformat}", "unknown action"),
+    ],
+)
+def test_nvml_faults_that_name_nothing_real_are_refused(fault: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse(f"faults: [{fault[:-1]}, at: 1s}}]")

@@ -131,6 +131,33 @@ CASES: dict[str, Expected] = {
         10,
         node_quarantined=True,
     ),
+    "reset_required": Expected(
+        "{kind: reset_required, gpu: 1}",
+        "gpu:1",
+        "gpu_reset_required",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        0,
+        node_quarantined=True,
+    ),
+    "recovery_action": Expected(
+        "{kind: recovery_action, gpu: 1, action: gpu_reset}",
+        "gpu:1",
+        "gpu_recovery_action",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        0,
+        node_quarantined=True,
+    ),
+    "nvml_error_reset_required": Expected(
+        "{kind: nvml_error, gpu: 1, call: nvmlDeviceGetRemappedRows, code: reset_required}",
+        "gpu:1",
+        "gpu_reset_required",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        0,
+        node_quarantined=True,
+    ),
     "ib_symbol_errors": Expected(
         "{kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}",
         "ib:mlx5_1/1",
@@ -246,7 +273,7 @@ def test_degraded_gpu_recovers_only_after_a_longer_quiet_period(tmp_path: Path) 
 
 
 def test_hardware_quarantine_survives_restart_and_is_never_auto_released(tmp_path: Path) -> None:
-    scenario = _scenario("{kind: ecc_uncorrectable, gpu: 1}")
+    scenario = _scenario("{kind: row_remap_failure, gpu: 1, for: 20s}")
     with simulated_daemon(scenario, tmp_path) as sim:
         assert "gpu:1" in {q.subject for q in sim.run_until(30).quarantines}
     # A new daemon on the same state directory: the fault is long gone from the
@@ -259,6 +286,30 @@ def test_hardware_quarantine_survives_restart_and_is_never_auto_released(tmp_pat
     quarantine = next(q for q in later.quarantines if q.subject == "gpu:1")
     assert quarantine.hardware and quarantine.source == "auto"
     assert later.health["gpu:1"] is Health.QUARANTINED
+
+
+def test_uncorrectable_error_drains_until_reset_then_returns_to_service(tmp_path: Path) -> None:
+    # The fault's end is the GPU's reset: nothing pending, the row remapped.
+    polls = Config(daemon=DaemonConfig(poll_interval=60))
+    # XID 94: on A100 and later the driver contains the error (NVIDIA XID catalog).
+    fault = "{kind: ecc_uncorrectable, gpu: 1, code: 94, for: 20m}"
+    with simulated_daemon(_scenario(fault), tmp_path, polls) as sim:
+        drained = sim.run_until(60)
+        held = sim.run_until(1200)
+        back = sim.run_until(1200 + 600 + 3600 + 120)
+    quarantine = next(q for q in drained.quarantines if q.subject == "gpu:1")
+    assert not quarantine.hardware and quarantine.code == "ecc_uncorrectable"
+    # Still pending 20 minutes on, long after the error left the counters' window.
+    assert held.health["gpu:1"] is Health.QUARANTINED
+    assert back.quarantines == () and back.node_health is Health.HEALTHY
+
+
+def test_a_refused_nvml_value_changes_no_health(tmp_path: Path) -> None:
+    fault = "{kind: nvml_error, gpu: 1, call: nvmlDeviceGetRemappedRows, code: not_supported}"
+    with simulated_daemon(_scenario(fault), tmp_path) as sim:
+        snapshot = sim.run_until(900)
+    assert snapshot.node_health is Health.HEALTHY and snapshot.quarantines == ()
+    assert next(g for g in snapshot.gpus if g.index == 1).row_remap_pending is None
 
 
 def test_gpu_returning_after_loss_stays_quarantined(tmp_path: Path) -> None:

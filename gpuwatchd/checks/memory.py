@@ -1,9 +1,18 @@
 """Memory check: ECC errors, row remapping and page retirement of every GPU.
 
-Reads the ECC counters (volatile and aggregate), the row-remapper state
-(Ampere and newer) and retired pages (the pre-Ampere mechanism). An
-uncorrectable error or a failed remap is a hardware fault that quarantines
-at once; pending remaps and retirements wait for a GPU reset and warn.
+Reads the ECC counters (volatile and aggregate), the row-remapper state and
+histogram (Ampere and newer), the SRAM error status and retired pages (the
+pre-Ampere mechanism). Follows NVIDIA's GPU memory error management guide:
+
+- An uncorrectable error drains the GPU for a reset (an immediate, not a
+  hardware, quarantine): A100 and later contain it, and the faulty row is
+  remapped at the next reset. The finding holds while the repair it started
+  is pending, so the GPU returns to service once it comes back from its reset
+  with nothing pending (and stays out if the remap failed).
+- Only NVIDIA's RMA criteria condemn for good: a row-remap failure, the SRAM
+  error threshold exceeded, a bank with no spare rows left, and (before
+  Ampere) DCGM's retired-page limit.
+- Pending remaps and retirements of correctable rows wait for a reset and warn.
 """
 
 from __future__ import annotations
@@ -31,11 +40,6 @@ class MemoryConfig:
     # DCGM_LIMIT_MAX_SBE_RATE is 10 (marked a placeholder there); 10/min over
     # 10 minutes is a hundred corrections, far above a healthy HBM's near zero.
     sbe_storm_rate: PerSecond = 10 / 60
-    # Uncorrectable remapped rows at which to warn. NVIDIA's memory error
-    # management guide gives A100/H100 up to 512 row remaps per GPU, and DCGM
-    # warns when the uncorrectable remaps reach its limit: the spare rows are
-    # used up, the next uncorrectable error cannot be remapped.
-    remapped_rows_uncorrectable_warn: int = 512
     # Retired pages (single- plus double-bit) at which the GPU has failed:
     # DCGM_LIMIT_MAX_RETIRED_PAGES, 63 since DCGM matched the field diag.
     retired_pages_limit: int = 63
@@ -43,10 +47,8 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if self.window <= 0 or self.sbe_storm_rate <= 0:
             raise ValueError("window must be more than 0s and sbe_storm_rate more than 0/s")
-        if self.remapped_rows_uncorrectable_warn < 1 or self.retired_pages_limit < 1:
-            raise ValueError(
-                "remapped_rows_uncorrectable_warn and retired_pages_limit must be 1 or more"
-            )
+        if self.retired_pages_limit < 1:
+            raise ValueError("retired_pages_limit must be 1 or more")
 
 
 def run(history: History, now: float, config: MemoryConfig) -> CheckOutput:
@@ -57,7 +59,7 @@ def run(history: History, now: float, config: MemoryConfig) -> CheckOutput:
             continue
         samples = history.gpu(index)
         findings.extend(_ecc(latest, samples, now, config))
-        findings.extend(_remapping(latest, config))
+        findings.extend(_remapping(latest))
         findings.extend(_retirement(latest, config))
     return CheckOutput(findings=tuple(findings))
 
@@ -88,17 +90,30 @@ def _ecc(
         _ecc_increase(samples, "uncorrected", scope, now, config.window).increase
         for scope in ("volatile", "aggregate")
     )
-    if uncorrected > 0:
+    since_reset = latest.ecc_errors.get(("uncorrected", "volatile")) or 0
+    awaiting_reset = since_reset > 0 and bool(
+        latest.row_remap_pending or latest.retired_pages_pending
+    )
+    if uncorrected > 0 or awaiting_reset:
+        message = (
+            f"{uncorrected:g} uncorrectable ECC error(s) in the last {config.window:g}s"
+            if uncorrected > 0
+            else f"{since_reset} uncorrectable ECC error(s) since the last reset, repair pending"
+        )
         yield Finding(
             subject=subject,
             check=NAME,
             code="ecc_uncorrectable",
             severity=Severity.CRITICAL,
-            message=f"{uncorrected:g} uncorrectable ECC error(s) in the last {config.window:g}s",
+            message=f"{message}: drain the GPU and reset it",
             # The faulty row is remapped (or the page retired) at the next GPU reset.
             action=Action.RESET_GPU,
-            evidence={"errors": uncorrected, "window_seconds": config.window},
-            definitive=True,
+            evidence={
+                "errors": uncorrected,
+                "errors_since_reset": since_reset,
+                "window_seconds": config.window,
+            },
+            immediate=True,
         )
     corrected = _ecc_increase(samples, "corrected", "volatile", now, config.window)
     if corrected.seconds <= 0:
@@ -118,8 +133,19 @@ def _ecc(
         )
 
 
-def _remapping(latest: GpuSample, config: MemoryConfig) -> Iterator[Finding]:
+def _remapping(latest: GpuSample) -> Iterator[Finding]:
     subject = gpu_subject(latest.index)
+    if latest.sram_threshold_exceeded:
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="sram_threshold_exceeded",
+            severity=Severity.CRITICAL,
+            message="SRAM uncorrectable errors past the field-diag threshold",
+            # NVIDIA's RMA criterion for SRAM (L2, register file) errors.
+            action=Action.INSPECT_HARDWARE,
+            definitive=True,
+        )
     if latest.row_remap_failed:
         yield Finding(
             subject=subject,
@@ -140,16 +166,21 @@ def _remapping(latest: GpuSample, config: MemoryConfig) -> Iterator[Finding]:
             message="row remapping pending: it takes effect at the next GPU reset",
             action=Action.RESET_GPU,
         )
-    rows = latest.remapped_rows_uncorrectable
-    if rows is not None and rows >= config.remapped_rows_uncorrectable_warn:
+    exhausted = latest.row_remapper_banks.get("none", 0)
+    if exhausted > 0:
         yield Finding(
             subject=subject,
             check=NAME,
             code="row_remap_exhausted",
-            severity=Severity.WARN,
-            message=f"{rows} rows remapped for uncorrectable errors, the spare rows are used up",
+            severity=Severity.CRITICAL,
+            message=f"{exhausted} memory bank(s) with no spare rows left to remap",
+            # The next uncorrectable error in such a bank cannot be repaired:
+            # NVIDIA's guide takes the GPU out of service for RMA.
             action=Action.INSPECT_HARDWARE,
-            evidence={"remapped_rows_uncorrectable": rows},
+            evidence={
+                f"banks_{bucket}": count for bucket, count in latest.row_remapper_banks.items()
+            },
+            definitive=True,
         )
 
 

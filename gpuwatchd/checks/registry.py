@@ -17,6 +17,7 @@ from gpuwatchd.checks import (
     infiniband,
     memory,
     nvlink,
+    recovery,
     thermal,
     xid,
 )
@@ -52,6 +53,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (clocks.NAME, lambda i, c: clocks.run(i.history, i.now, c.clocks)),
     (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink)),
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
+    (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost)),
     (infiniband.NAME, lambda i, c: infiniband.run(i.history, i.now, c.infiniband)),

@@ -45,7 +45,8 @@ from gpuwatchd.sim.gpu import GpuState, SimulatedGpu, SimulatedGpus, XidRecord
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER_VERSION = "550.54.15"
+# An R570 production driver: the first branch with the GPU recovery action.
+DEFAULT_DRIVER_VERSION = "570.172.08"
 R580_DRIVER_VERSION = "580.82.07"
 
 _HANDLE_BASE = 0x6000  # device handles are opaque, non-null pointers
@@ -63,6 +64,7 @@ _SUCCESS: int = pynvml.NVML_SUCCESS
 _ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 _DEPRECATED: int = pynvml.NVML_ERROR_DEPRECATED
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 _INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -70,6 +72,13 @@ _TIMEOUT: int = pynvml.NVML_ERROR_TIMEOUT
 _UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED
 _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 _ULL_TYPE: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_UINT_TYPE: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_RECOVERY_ACTION_FIELD: int = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+# The first driver branch whose NVML has the recovery action field (nvml.h of
+# NVML 12.8, the R570 branch; absent from 12.6).
+RECOVERY_ACTION_BRANCH = 570
+# Calls whose first argument after the device handle is an NVLink.
+_LINK_CALLS = frozenset({"nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"})
 
 _P = ctypes.c_void_p
 _U = ctypes.c_uint
@@ -296,14 +305,34 @@ class FakeNvml:
         gpu = self._index(args[0])
         if gpu is None:
             return _INVALID_ARGUMENT
-        if self._model.state(gpu).lost:
-            return _GPU_IS_LOST
-        error = self._configured_error(name, gpu)
-        if error is not None:
-            return error
-        return export.answer(gpu, *args[1:])
+        link = args[1] if name in _LINK_CALLS else None
+        error = self._gpu_error(gpu) or self._configured_error(name, gpu, link)
+        if error is None:
+            return export.answer(gpu, *args[1:])
+        if name == "nvmlDeviceGetFieldValues":
+            # nvml.h: the call itself answers SUCCESS (or INVALID_ARGUMENT);
+            # each field carries its own error in nvmlReturn.
+            count, address = args[1:]
+            for value in (pynvml.c_nvmlFieldValue_t * count).from_address(address):
+                value.nvmlReturn = error
+            return _SUCCESS
+        return error
 
-    def _configured_error(self, name: str, gpu: int) -> int | None:
+    def _gpu_error(self, gpu: int) -> int | None:
+        """What every call on the GPU answers, if it is not itself."""
+        state = self._model.state(gpu)
+        if state.lost:
+            return _GPU_IS_LOST
+        # nvml.h: NVML_ERROR_RESET_REQUIRED, "the GPU requires a reset before
+        # it can be used again"; gpud reads it from any call as ErrGPURequiresReset.
+        if state.reset_required:
+            return _RESET_REQUIRED
+        return None
+
+    def _configured_error(self, name: str, gpu: int, link: int | None = None) -> int | None:
+        for fault in self._model.nvml_errors(gpu):
+            if fault.call == name and fault.link in (None, link):
+                return fault.code
         for key in ((name, gpu), (name, None), (None, gpu), (None, None)):
             if key in self._errors:
                 return self._errors[key]
@@ -352,6 +381,8 @@ class FakeNvml:
                     ("nvmlDeviceGetRemappedRows", (_P, _P, _P, _P), self._remapped_rows),
                     ("nvmlDeviceGetRetiredPages", (_U, _P, _P), self._retired_pages),
                     ("nvmlDeviceGetRetiredPagesPendingStatus", (_P,), self._retired_pending),
+                    ("nvmlDeviceGetRowRemapperHistogram", (_P,), self._remapper_histogram),
+                    ("nvmlDeviceGetSramEccErrorStatus", (_P,), self._sram_status),
                     ("nvmlDeviceGetNvLinkState", (_U, _P), self._nvlink_state),
                     ("nvmlDeviceGetNvLinkErrorCounter", (_U, _U, _P), self._nvlink_counter),
                     ("nvmlDeviceGetSupportedEventTypes", (_P,), self._supported_events),
@@ -532,6 +563,27 @@ class FakeNvml:
             return _NOT_SUPPORTED
         return _put(ctypes.c_uint, value, int(self._state(gpu).repairs.retired_pages_pending))
 
+    def _remapper_histogram(self, gpu: int, address: int) -> int:
+        # Row remapping, and its histogram, are Ampere and newer (nvml.h).
+        banks = self._state(gpu).repairs.remapper_banks
+        if not banks:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlRowRemapperHistogramValues.from_address(address)
+        for bucket, count in banks.items():
+            setattr(struct, bucket, count)
+        return _SUCCESS
+
+    def _sram_status(self, gpu: int, address: int) -> int:
+        # nvml.h: "For Ampere or newer fully supported devices"; the struct's
+        # version is checked like every versioned struct.
+        if not self._gpu(gpu).spec.remaps_rows:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlEccSramErrorStatus_v1_t.from_address(address)
+        if struct.version != pynvml.nvmlEccSramErrorStatus_v1:
+            return _ARGUMENT_VERSION_MISMATCH
+        struct.bThresholdExceeded = int(self._state(gpu).repairs.sram_threshold_exceeded)
+        return _SUCCESS
+
     # -- NVLink ----------------------------------------------------------------
 
     def _nvlink_state(self, gpu: int, link: int, value: int | None) -> int:
@@ -558,7 +610,7 @@ class FakeNvml:
         for value in (pynvml.c_nvmlFieldValue_t * count).from_address(address):
             value.timestamp = int(self._model.now * 1e6)
             value.latencyUsec = 0
-            error = self._field_error(gpu, value.fieldId)
+            error = self._field_error(gpu, value.fieldId, value.scopeId)
             answer = self._field(gpu, value.fieldId, value.scopeId) if error is None else error
             if isinstance(answer, int):
                 value.nvmlReturn = answer
@@ -571,7 +623,10 @@ class FakeNvml:
                 value.value.ullVal = number
         return _SUCCESS
 
-    def _field_error(self, gpu: int, field_id: int) -> int | None:
+    def _field_error(self, gpu: int, field_id: int, scope: int) -> int | None:
+        for fault in self._model.nvml_errors(gpu):
+            if getattr(pynvml, fault.call or "", None) == field_id and fault.link in (None, scope):
+                return fault.code
         configured = self._field_errors.get((field_id, gpu))
         return self._field_errors.get((field_id, None)) if configured is None else configured
 
@@ -582,6 +637,12 @@ class FakeNvml:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, state.memory_temperature_celsius
         if field_id in _PERF_POLICY_FIELDS:
             return _ULL_TYPE, state.violation_ns[_PERF_POLICY_FIELDS[field_id]]
+        if field_id == _RECOVERY_ACTION_FIELD:
+            # Assumed: a driver older than the field answers it NOT_SUPPORTED,
+            # as it does every field id it does not know.
+            if _driver_branch(self.driver_version) < RECOVERY_ACTION_BRANCH:
+                return _NOT_SUPPORTED
+            return _UINT_TYPE, state.recovery_action
         link_fields = {"hopper": _HOPPER_LINK_FIELDS, "blackwell": _BLACKWELL_LINK_FIELDS}
         scoped = link_fields.get(spec.architecture, {})
         if field_id in scoped:
@@ -624,6 +685,11 @@ class FakeNvml:
         if event_set is None:
             return _INVALID_ARGUMENT
         record = self._next_xid(event_set)
+        # nvml.h, nvmlEventSetWait_v2: GPU_IS_LOST "if a GPU has fallen off the
+        # bus or is otherwise inaccessible". Which GPU is not said; assumed here:
+        # any GPU registered in the set, once the events queued before are read.
+        if record is None and any(self._model.state(gpu).lost for gpu in event_set.gpus):
+            return _GPU_IS_LOST
         if record is None and timeout_ms > 0:
             wait_s = timeout_ms / 1000
             if self.max_wait_s is not None:

@@ -27,6 +27,7 @@ from gpuwatchd.model import (
     ECC_TYPES,
     NVLINK_ERROR_TYPES,
     RETIRED_PAGE_CAUSES,
+    ROW_REMAPPER_BUCKETS,
     THROTTLE_REASONS,
 )
 from gpuwatchd.sim.scenario import Fault, Scenario
@@ -97,6 +98,10 @@ class GpuSpec:
     gpu_max_operating_celsius: int
     memory_max_operating_celsius: int
     clock_step_mhz: int = 15
+    # Banks of HBM the row remapper tracks (`nvidia-smi -q`, "Bank Remap
+    # Availability Histogram": 640 on an A100 80GB; the H100's 2560 is assumed
+    # for every HBM3/HBM3e board, not confirmed on one).
+    memory_banks: int = 2560
 
     def at_least(self, architecture: str) -> bool:
         return ARCHITECTURES.index(self.architecture) >= ARCHITECTURES.index(architecture)
@@ -143,6 +148,7 @@ SPECS: Mapping[str, GpuSpec] = {
             slowdown_celsius=89,
             gpu_max_operating_celsius=85,
             memory_max_operating_celsius=95,
+            memory_banks=640,
         ),
         GpuSpec(
             name="NVIDIA B200",
@@ -213,6 +219,9 @@ class MemoryRepairs:
     row_remap_failed: bool = False
     retired_pages: Mapping[str, int] = field(default_factory=dict)  # RETIRED_PAGE_CAUSES
     retired_pages_pending: bool = False
+    # Row-remapper banks by spare rows left (ROW_REMAPPER_BUCKETS); empty before Ampere.
+    remapper_banks: Mapping[str, int] = field(default_factory=dict)
+    sram_threshold_exceeded: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,9 @@ class GpuState:
     ecc_errors: Mapping[tuple[str, str], int]  # (ECC_TYPES, ECC_SCOPES) -> count
     repairs: MemoryRepairs
     links: tuple[LinkState, ...]
+    recovery_action: int = 0  # nvmlDeviceGpuRecoveryAction_t
+    # Every call on the GPU answers NVML_ERROR_RESET_REQUIRED.
+    reset_required: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,7 +413,17 @@ class _GpuModel:
             ecc_errors=self._ecc_errors(t),
             repairs=self._memory_repairs(t),
             links=tuple(self._link(link, t) for link in range(self.gpu.nvlinks)),
+            recovery_action=self._recovery_action(t),
+            reset_required=_any_active(self._of("reset_required"), t),
         )
+
+    def _recovery_action(self, t: float) -> int:
+        """The latest announced action that is still in force (0: none)."""
+        active = [f for f in self._of("recovery_action") if f.active(t)]
+        return max(active, key=lambda f: f.at).code or 0 if active else 0
+
+    def nvml_errors(self, t: float) -> tuple[Fault, ...]:
+        return tuple(f for f in self._of("nvml_error") if f.active(t))
 
     def _violation_ns(self, t: float) -> dict[str, int]:
         power_s = self._background.power_violation_share * t
@@ -435,11 +457,19 @@ class _GpuModel:
         correctable_repairs = _count(remap_pending, t)
         uncorrectable_repairs = _count(uncorrectable, t)
         if self.gpu.spec.remaps_rows:
+            failed = _any_active(self._of("row_remap_failure"), t)
+            # A remap fails when the row's bank has no spare row left.
+            exhausted = int(failed)
+            banks = dict.fromkeys(ROW_REMAPPER_BUCKETS, 0) | {
+                "max": self.gpu.spec.memory_banks - exhausted,
+                "none": exhausted,
+            }
             return MemoryRepairs(
                 remapped_rows_correctable=correctable_repairs,
                 remapped_rows_uncorrectable=uncorrectable_repairs,
                 row_remap_pending=pending,
-                row_remap_failed=_any_active(self._of("row_remap_failure"), t),
+                row_remap_failed=failed,
+                remapper_banks=banks,
             )
         retired = (correctable_repairs, uncorrectable_repairs)
         return MemoryRepairs(
@@ -480,6 +510,9 @@ _GPU_FAULT_KINDS = frozenset(
         "row_remap_failure",
         "xid",
         "gpu_lost",
+        "nvml_error",
+        "reset_required",
+        "recovery_action",
     }
 )
 
@@ -519,6 +552,7 @@ class SimulatedGpus:
         self._xid_log: list[XidRecord] = []
         self._xids_until = -math.inf
         self.now = start
+        self._t = 0.0
         self._states = self._states_at(0.0)
 
     def _states_at(self, t: float) -> tuple[GpuState, ...]:
@@ -529,6 +563,7 @@ class SimulatedGpus:
         states = self._states_at(t)
         with self._changed:
             self.now = now
+            self._t = t
             self._states = states
             due = [r for r in self._schedule if self._xids_until < r.time <= t]
             self._xid_log.extend(due)
@@ -537,6 +572,10 @@ class SimulatedGpus:
 
     def state(self, index: int) -> GpuState:
         return self._states[index]
+
+    def nvml_errors(self, index: int) -> tuple[Fault, ...]:
+        """The scenario's `nvml_error` faults in force on this GPU now."""
+        return self._models[index].nvml_errors(self._t)
 
     @property
     def xid_count(self) -> int:

@@ -11,18 +11,28 @@ The format is a contract that users and tests write to:
 `at` and `for` are durations; without `for` a fault lasts to the end; `rate`
 is `N/s`, `N/min` or `N/h`. A file with an unknown kind, a missing field or an
 index out of range is rejected with a message that names the fault.
+
+`nvml_error` makes one NVML call (a function such as
+`nvmlDeviceGetRemappedRows`, or a field such as `NVML_FI_DEV_MEMORY_TEMP`)
+answer an NVML error `code` (`NOT_SUPPORTED`, `TIMEOUT`, `GPU_IS_LOST`... or
+its number) on one GPU, optionally on one NVLink only; `recovery_action` sets
+the driver's GPU recovery action (`gpu_reset`, `node_reboot`, `drain_p2p`,
+`drain_and_reset`...).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import pynvml
 import yaml
 
+from gpuwatchd.model import GPU_RECOVERY_ACTIONS
 from gpuwatchd.units import parse_duration, parse_rate
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -42,6 +52,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "row_remap_failure": (frozenset({"gpu"}), frozenset()),
     "xid": (frozenset({"gpu", "code"}), frozenset()),
     "gpu_lost": (frozenset({"gpu"}), frozenset()),
+    "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
+    "reset_required": (frozenset({"gpu"}), frozenset()),
+    "recovery_action": (frozenset({"gpu", "action"}), frozenset()),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -49,6 +62,13 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+
+# NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
+NVML_ERRORS: Mapping[int, str] = {
+    getattr(pynvml, name): name.removeprefix("NVML_ERROR_").lower()
+    for name in dir(pynvml)
+    if name.startswith("NVML_ERROR_")
+}
 
 # What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
 # says what each mode is); `consistent` when no mode is given.
@@ -97,6 +117,7 @@ class Fault:
     code: int | None = None
     ratio: float | None = None
     mode: str | None = None
+    call: str | None = None  # nvml_error: the NVML function or field that fails
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -159,6 +180,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
     unknown = set(raw) - required - optional - COMMON_FIELDS
     if unknown:
         raise ScenarioError(f"{label}: unknown field(s) {', '.join(sorted(unknown))}")
+    code = _parse_code(kind, raw, label)
     try:
         at = parse_duration(raw["at"])
         until = at + parse_duration(raw["for"]) if "for" in raw else math.inf
@@ -174,12 +196,34 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         hca=str(raw["hca"]) if "hca" in raw else None,
         port=_require_int(raw["port"], "port", label) if "port" in raw else None,
         rate=rate,
-        code=_require_int(raw["code"], "code", label) if "code" in raw else None,
+        code=code,
         ratio=float(raw["ratio"]) if "ratio" in raw else None,
         mode=str(raw["mode"]) if "mode" in raw else None,
+        call=str(raw["call"]) if "call" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
+
+
+def _parse_code(kind: str, raw: dict[str, Any], label: str) -> int | None:
+    """An XID's number, an NVML error code (by name or number), or a recovery action."""
+    if kind == "recovery_action":
+        return _named(raw["action"], GPU_RECOVERY_ACTIONS, "action", label)
+    if "code" not in raw:
+        return None
+    if kind == "nvml_error":
+        return _named(raw["code"], NVML_ERRORS, "code", label)
+    return _require_int(raw["code"], "code", label)
+
+
+def _named(value: Any, names: Mapping[int, str], what: str, label: str) -> int:
+    by_name = {name: number for number, name in names.items()}
+    if isinstance(value, str) and value.lower() in by_name:
+        return by_name[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in names:
+        return value
+    known = ", ".join(sorted(by_name))
+    raise ScenarioError(f"{label}: unknown {what} {value!r} (known: {known})")
 
 
 def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
@@ -200,7 +244,15 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
     if fault.mode is not None and fault.mode not in SDC_MODES:
         known = ", ".join(SDC_MODES)
         raise ScenarioError(f"{label}: unknown mode {fault.mode!r} (known modes: {known})")
-    if fault.code is not None and not 0 < fault.code < 1000:
+    if fault.call is not None and not (
+        fault.call.startswith(("nvmlDevice", "NVML_FI_")) and hasattr(pynvml, fault.call)
+    ):
+        raise ScenarioError(
+            f"{label}: call {fault.call!r} is no NVML device function or field id "
+            "(such as nvmlDeviceGetRemappedRows or NVML_FI_DEV_MEMORY_TEMP)"
+        )
+    xid_code = fault.kind in ("xid", "ecc_uncorrectable")
+    if xid_code and fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
 
 

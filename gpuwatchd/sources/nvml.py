@@ -8,9 +8,17 @@ critical errors from an NVML event set. Knows nothing about health.
 
 A value the GPU or driver does not provide (NotSupported, FunctionNotFound,
 NoPermission, NoData, Deprecated, a field value's own error) is absent, never
-0, and logged once per (GPU, value); permanent refusals are not asked again. A
-lost GPU (GPU_IS_LOST, or Unknown on every call) is reported down while the
-others keep being read, and up again once it answers.
+0, and logged once per (GPU, value). A refusal that cannot change while the
+process runs (the driver or the binding lacks the function, a struct version
+mismatch, Deprecated) is not asked again; NotSupported is asked again every
+REASK_REFUSED_S, since it can be a mode rather than the hardware (row
+remapping and utilisation are refused while MIG instances exist); NoPermission
+and NoData are asked every poll. A name the installed nvidia-ml-py lacks
+counts as FunctionNotFound. A lost GPU (GPU_IS_LOST, or Unknown on every
+call) is reported down while the others keep being read, and up again once
+it answers. A call that answers RESET_REQUIRED marks the GPU as needing a
+reset (`GpuSample.reset_required`): a state to judge, not a value to leave
+out.
 
 Per generation (see HARDWARE-NOTES.md): NVLink counters come from
 `nvmlDeviceGetNvLinkErrorCounter` before Hopper (all five types), from the
@@ -35,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import queue
 import threading
 from collections import Counter
@@ -45,7 +54,7 @@ from typing import Any
 import pynvml
 
 from gpuwatchd.clock import Clock
-from gpuwatchd.model import GpuSample, LinkSample, Reading, XidEvent
+from gpuwatchd.model import ROW_REMAPPER_BUCKETS, GpuSample, LinkSample, Reading, XidEvent
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -55,22 +64,32 @@ log = logging.getLogger(__name__)
 XID_WAIT_MS = 1000
 REREGISTER_BACKOFF_S = 1.0
 REREGISTER_BACKOFF_MAX_S = 60.0
+# How long a refused value (NotSupported, NoPermission, NoData...) is left
+# unasked before it is asked again.
+REASK_REFUSED_S = 600.0
 
 _XID: int = pynvml.nvmlEventTypeXidCriticalError
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
+_RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
+_FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
 _SUCCESS: int = pynvml.NVML_SUCCESS
 # Codes meaning "this GPU or driver does not provide the value" (absent, not
-# an error); the permanent ones are not asked again.
+# an error). The permanent ones cannot change while the process runs: the
+# loaded driver and binding stay what they are.
 _PERMANENT_REFUSALS = frozenset(
     {
-        pynvml.NVML_ERROR_NOT_SUPPORTED,
-        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        _FUNCTION_NOT_FOUND,
         pynvml.NVML_ERROR_DEPRECATED,
         pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     }
 )
-_REFUSALS = _PERMANENT_REFUSALS | {pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_NO_DATA}
+_REFUSALS = _PERMANENT_REFUSALS | {
+    _NOT_SUPPORTED,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+    pynvml.NVML_ERROR_NO_DATA,
+}
 
 _MHZ = 1e6
 _MILLI = 1e-3
@@ -85,6 +104,11 @@ class _GpuLost(Exception):
 
 def _error_text(code: int) -> str:
     return str(pynvml.NVMLError(code))
+
+
+def _binding(name: str) -> Any:
+    """`pynvml.<name>`, or None where the installed nvidia-ml-py predates it."""
+    return getattr(pynvml, name, None)
 
 
 @dataclass(frozen=True)
@@ -229,22 +253,34 @@ _NO_LINK_COUNTERS = _LinkCounters("none")
 
 
 class _Availability:
-    """What each GPU does not provide: logged once per (GPU, value), and not
-    asked again when the refusal is permanent."""
+    """What each GPU does not provide: logged once per (GPU, value); not asked
+    again when the refusal is permanent, and asked again after REASK_REFUSED_S
+    when it is NotSupported."""
 
     def __init__(self) -> None:
-        self._refused: set[tuple[int, str, str]] = set()
+        # (GPU, value, call) -> when to ask again (infinity: never).
+        self._refused: dict[tuple[int, str, str], float] = {}
         self._logged: set[tuple[int, str, str]] = set()
 
-    def refused(self, gpu: int, subject: str, source: str) -> bool:
-        return (gpu, subject, source) in self._refused
+    def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
+        return self._refused.get((gpu, subject, source), -math.inf) > now
 
-    def note(self, gpu: int, subject: str, source: str, code: int, then: str) -> None:
+    def answered(self, gpu: int, subject: str, source: str) -> None:
+        """A value answers: if it had been refused, say that it is back."""
+        key = (gpu, subject, source)
+        if self._refused.pop(key, None) is not None and key in self._logged:
+            self._logged.discard(key)
+            log.info("GPU %d: %s is read by %s again", gpu, subject, source)
+
+    def note(self, gpu: int, subject: str, source: str, code: int, then: str, now: float) -> None:
+        key = (gpu, subject, source)
         if code in _PERMANENT_REFUSALS:
-            self._refused.add((gpu, subject, source))
-        if (gpu, subject, source) in self._logged:
+            self._refused[key] = math.inf
+        elif code == _NOT_SUPPORTED:
+            self._refused[key] = now + REASK_REFUSED_S
+        if key in self._logged:
             return
-        self._logged.add((gpu, subject, source))
+        self._logged.add(key)
         level = logging.INFO if code in _REFUSALS else logging.WARNING
         log.log(
             level,
@@ -296,25 +332,35 @@ class _GpuRead:
     """One poll of one GPU: every call goes through `call`, every field value
     through `want` and one `fetch_fields` batch."""
 
-    def __init__(self, gpu: _Gpu, availability: _Availability) -> None:
+    def __init__(self, gpu: _Gpu, availability: _Availability, now: float) -> None:
         self.gpu = gpu
         self.index = gpu.index
+        self.now = now
         self._availability = availability
         self._requests: list[_FieldRequest] = []
         self._unknown: list[tuple[str, str]] = []
         self.answered = False
+        self.reset_required = False
 
     def call(self, subject: str, function: str, *args: Any, then: str = "left absent") -> Any:
         """`pynvml.<function>(handle, *args)`, or None when the GPU does not answer it."""
-        if self._availability.refused(self.index, subject, function):
+        if self._availability.refused(self.index, subject, function, self.now):
+            return None
+        wrapper = _binding(function)
+        if wrapper is None:
+            self._refused(subject, function, _FUNCTION_NOT_FOUND, then)
             return None
         try:
-            value = getattr(pynvml, function)(self.gpu.handle, *args)
+            value = wrapper(self.gpu.handle, *args)
         except pynvml.NVMLError as error:
             self._refused(subject, function, error.value, then)
             return None
-        self.answered = True
+        self._answered(subject, function)
         return value
+
+    def _answered(self, subject: str, source: str) -> None:
+        self.answered = True
+        self._availability.answered(self.index, subject, source)
 
     def _refused(self, subject: str, source: str, code: int, then: str) -> None:
         if code == _GPU_IS_LOST:
@@ -323,7 +369,12 @@ class _GpuRead:
             # Judged after the poll: Unknown from every call means a lost GPU.
             self._unknown.append((subject, source))
             return
-        self._availability.note(self.index, subject, source, code, then)
+        if code == _RESET_REQUIRED:
+            # The GPU answers, and says it needs a reset: that is the reading.
+            self.answered = True
+            self.reset_required = True
+            then = "the GPU needs a reset"
+        self._availability.note(self.index, subject, source, code, then, self.now)
 
     def want(
         self,
@@ -334,14 +385,22 @@ class _GpuRead:
         convert: Callable[[float | int], float | int] = float,
         scope: int = 0,
     ) -> None:
-        if not self._availability.refused(self.index, subject, field_name):
-            self._requests.append(_FieldRequest(subject, field_name, scope, target, key, convert))
+        if self._availability.refused(self.index, subject, field_name, self.now):
+            return
+        if _binding(field_name) is None:
+            self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
+            return
+        self._requests.append(_FieldRequest(subject, field_name, scope, target, key, convert))
 
     def fetch_fields(self) -> None:
         if not self._requests:
             return
-        ids = [(getattr(pynvml, r.field_name), r.scope) for r in self._requests]
+        ids = [(_binding(r.field_name), r.scope) for r in self._requests]
+        # The batch answers SUCCESS whatever each field says (nvml.h): only a
+        # field's own answer shows that the GPU answers.
+        answered = self.answered
         values = self.call("field values", "nvmlDeviceGetFieldValues", ids)
+        self.answered = answered
         for request, value in zip(self._requests, values or (), strict=False):
             if value.nvmlReturn != _SUCCESS:
                 self._refused(request.subject, request.field_name, value.nvmlReturn, "left absent")
@@ -349,13 +408,14 @@ class _GpuRead:
             reader = _FIELD_VALUE_READERS.get(value.valueType)
             if reader is not None:
                 request.target[request.key] = request.convert(reader(value.value))
+                self._answered(request.subject, request.field_name)
 
     def finish(self) -> None:
         """Raise _GpuLost when no call answered and some said Unknown; else note the Unknowns."""
         if self._unknown and not self.answered:
             raise _GpuLost(f"{_error_text(_UNKNOWN)} from every call")
         for subject, source in self._unknown:
-            self._availability.note(self.index, subject, source, _UNKNOWN, "left absent")
+            self._availability.note(self.index, subject, source, _UNKNOWN, "left absent", self.now)
 
 
 def _read_scalars(read: _GpuRead, scalars: Sequence[_Scalar], into: dict[str, Any]) -> None:
@@ -442,6 +502,33 @@ def _read_memory_errors(read: _GpuRead, sample: dict[str, Any]) -> None:
     pending_pages = read.call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus")
     if pending_pages is not None:
         sample["retired_pages_pending"] = bool(pending_pages)
+    _read_repair_limits(read, sample)
+
+
+def _read_repair_limits(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """What NVIDIA's RMA policy reads: the SRAM error threshold and the spare
+    rows left in each bank of the row remapper."""
+    histogram = read.call("row_remapper_banks", "nvmlDeviceGetRowRemapperHistogram")
+    if histogram is not None:
+        sample["row_remapper_banks"] = {
+            bucket: int(getattr(histogram, bucket)) for bucket in ROW_REMAPPER_BUCKETS
+        }
+    status_type = _binding("c_nvmlEccSramErrorStatus_v1_t")
+    if status_type is None:
+        return
+    status = status_type()  # its constructor sets the struct version
+    # The binding passes its argument through as it is: a pointer is ours to make.
+    pointer = ctypes.byref(status)
+    if read.call("sram_threshold_exceeded", "nvmlDeviceGetSramEccErrorStatus", pointer) is not None:
+        sample["sram_threshold_exceeded"] = bool(status.bThresholdExceeded)
+
+
+def _read_recovery_action(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """The driver's verdict on what the GPU needs (R570 and later), each poll:
+    it is state the driver holds, so a restarted daemon reads it again."""
+    read.want(
+        "recovery_action", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", sample, "recovery_action", int
+    )
 
 
 def _probe_code(call: Callable[[], int]) -> int:
@@ -545,6 +632,13 @@ class _XidListener:
     registers again with backoff when a wait fails with anything but Timeout;
     without one (tests, deterministic simulation), `drain()` waits with a zero
     timeout until Timeout. Events carry no time: each is stamped on receipt.
+
+    A wait answers GPU_IS_LOST when a GPU of the set has fallen off the bus
+    (nvml.h, nvmlEventSetWait_v2): the set is made again at once, without the
+    lost GPU (it cannot be registered), so the other GPUs' XIDs keep coming.
+    A GPU that answers again is registered again (`register_again`). Only the
+    thread that waits on the set replaces it: freeing a set another thread is
+    waiting on would pull it from under the driver.
     """
 
     def __init__(self, clock: Clock, gpus: Sequence[_Gpu], threaded: bool) -> None:
@@ -552,6 +646,7 @@ class _XidListener:
         self._gpus = gpus
         self._events: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._stale = threading.Event()
         self._by_address: dict[int | None, _Gpu] = {}
         self._event_set: Any = self._register()
         self._thread: threading.Thread | None = None
@@ -588,8 +683,13 @@ class _XidListener:
         return True
 
     def _register_again(self) -> None:
+        self._stale.clear()
         _free(self._event_set)
         self._event_set = self._register()
+
+    def register_again(self) -> None:
+        """Make the event set again before the next wait (a lost GPU answers again)."""
+        self._stale.set()
 
     def _receive(self, timeout_ms: int) -> None:
         """Wait for one event and queue it; raises NVMLError_Timeout when none came."""
@@ -602,12 +702,27 @@ class _XidListener:
 
     def _run(self) -> None:
         backoff = REREGISTER_BACKOFF_S
+        lost_handled = False
         while not self._stop.is_set():
+            if self._stale.is_set():
+                self._register_again()
+            if self._event_set is None:
+                # No GPU could be registered: try again after the backoff.
+                if self._clock.wait(self._stop, backoff):
+                    return
+                self._register_again()
+                backoff = min(2 * backoff, REREGISTER_BACKOFF_MAX_S)
+                continue
             try:
                 self._receive(XID_WAIT_MS)
             except pynvml.NVMLError_Timeout:
                 pass  # no XID this second: wait again
             except pynvml.NVMLError as error:
+                if error.value == _GPU_IS_LOST and not lost_handled:
+                    log.warning("XID event wait: a GPU is lost; registering the others again")
+                    self._register_again()
+                    lost_handled = True
+                    continue
                 log.warning("XID event wait failed (%s); registering again in %gs", error, backoff)
                 if self._clock.wait(self._stop, backoff):
                     return
@@ -615,20 +730,31 @@ class _XidListener:
                 backoff = min(2 * backoff, REREGISTER_BACKOFF_MAX_S)
                 continue
             backoff = REREGISTER_BACKOFF_S
+            lost_handled = False
 
     def _pump(self) -> None:
-        try:
-            while True:
-                self._receive(0)
-        except pynvml.NVMLError_Timeout:
-            return
-        except pynvml.NVMLError as error:
-            # The next poll is the backoff.
-            log.warning("XID event wait failed (%s); registering again", error)
+        if self._stale.is_set():
             self._register_again()
+        for attempt in range(2):
+            if self._event_set is None:
+                return
+            try:
+                while True:
+                    self._receive(0)
+            except pynvml.NVMLError_Timeout:
+                return
+            except pynvml.NVMLError as error:
+                if error.value == _GPU_IS_LOST and attempt == 0:
+                    log.warning("XID event wait: a GPU is lost; registering the others again")
+                    self._register_again()
+                    continue
+                # The next poll is the backoff.
+                log.warning("XID event wait failed (%s); registering again", error)
+                self._register_again()
+                return
 
     def drain(self) -> tuple[XidEvent, ...]:
-        if self._thread is None and self._event_set is not None:
+        if self._thread is None and (self._event_set is not None or self._stale.is_set()):
             self._pump()
         events = []
         while True:
@@ -718,7 +844,7 @@ class NvmlSource:
         """Read identity up front, so that the first XIDs carry the UUID."""
         if not self._acquire(gpu):
             return
-        read = _GpuRead(gpu, self._availability)
+        read = _GpuRead(gpu, self._availability, self._clock.now())
         try:
             _read_identity(read)
             read.finish()
@@ -732,26 +858,28 @@ class NvmlSource:
         return Reading(
             source=self.name,
             time=now,
-            gpus=tuple(self._sample(gpu) for gpu in self._gpus),
+            gpus=tuple(self._sample(gpu, now) for gpu in self._gpus),
             xid_events=events,
             driver_version=self._driver_version,
         )
 
-    def _sample(self, gpu: _Gpu) -> GpuSample:
+    def _sample(self, gpu: _Gpu, now: float) -> GpuSample:
         if not self._acquire(gpu):
             return gpu.down_sample()
         try:
-            sample = self._read(gpu)
+            sample = self._read(gpu, now)
         except _GpuLost as lost:
             self._mark_down(gpu, lost.reason)
             return gpu.down_sample()
         if not gpu.up:
             log.warning("GPU %d (%s) answers again", gpu.index, gpu.identity.get("uuid"))
             gpu.up = True
+            if self._xids is not None:
+                self._xids.register_again()
         return sample
 
-    def _read(self, gpu: _Gpu) -> GpuSample:
-        read = _GpuRead(gpu, self._availability)
+    def _read(self, gpu: _Gpu, now: float) -> GpuSample:
+        read = _GpuRead(gpu, self._availability, now)
         _read_identity(read)
         sample: dict[str, Any] = dict(gpu.identity)
         _read_scalars(read, _SCALARS, sample)
@@ -759,6 +887,7 @@ class NvmlSource:
         _read_utilization(read, sample)
         _read_throttle(read, sample)
         _read_memory_errors(read, sample)
+        _read_recovery_action(read, sample)
         links = _read_links(read)
         read.fetch_fields()
         read.finish()
@@ -767,6 +896,7 @@ class NvmlSource:
             up=True,
             nvlinks=tuple(LinkSample(gpu.index, r.link, r.up, r.errors) for r in links),
             xid_counts=dict(gpu.xid_counts),
+            reset_required=read.reset_required,
             **sample,
         )
 
