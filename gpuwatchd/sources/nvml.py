@@ -688,8 +688,12 @@ class _XidListener:
         self._event_set = self._register()
 
     def register_again(self) -> None:
-        """Make the event set again before the next wait (a lost GPU answers again)."""
-        self._stale.set()
+        """Make the event set again (a lost GPU answers again): at once without a
+        thread, else by the thread before its next wait."""
+        if self._thread is None:
+            self._register_again()
+        else:
+            self._stale.set()
 
     def _receive(self, timeout_ms: int) -> None:
         """Wait for one event and queue it; raises NVMLError_Timeout when none came."""
@@ -733,8 +737,6 @@ class _XidListener:
             lost_handled = False
 
     def _pump(self) -> None:
-        if self._stale.is_set():
-            self._register_again()
         for attempt in range(2):
             if self._event_set is None:
                 return
@@ -754,7 +756,7 @@ class _XidListener:
                 return
 
     def drain(self) -> tuple[XidEvent, ...]:
-        if self._thread is None and (self._event_set is not None or self._stale.is_set()):
+        if self._thread is None and self._event_set is not None:
             self._pump()
         events = []
         while True:
