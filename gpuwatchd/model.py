@@ -123,6 +123,12 @@ class GpuSample:
     # A call answered NVML_ERROR_RESET_REQUIRED: "the GPU requires a reset
     # before it can be used again" (nvml.h).
     reset_required: bool = False
+    # Whether any call gave a value this poll: a GPU that answers every call
+    # with an error (TIMEOUT, say) is up but tells nothing.
+    responsive: bool = True
+    # Whether XID events of this GPU are being received (None: not asked for,
+    # or the GPU does not report them).
+    xid_events_received: bool | None = None
     nvlinks: tuple[LinkSample, ...] = ()
     # Every XID seen on this GPU since the daemon started, counted per code.
     xid_counts: Mapping[int, int] = field(default_factory=dict)

@@ -13,7 +13,8 @@ import pynvml
 import pytest
 from nvml_support import A100, V100, simulated_node
 
-from gpuwatchd.checks import recovery
+from gpuwatchd.checks import gpu_lost, recovery
+from gpuwatchd.checks.gpu_lost import GpuLostConfig
 from gpuwatchd.history import History
 from gpuwatchd.model import Action, Reading, Severity
 from gpuwatchd.sources import NvmlSourceConfig
@@ -107,9 +108,7 @@ def test_the_drivers_recovery_action_is_read_each_poll_and_judged(
         reading = node.poll_at(10)
     assert calm.gpus is not None and calm.gpus[0].recovery_action == 0
     assert judged(calm) == []
-    assert judged(reading) == [
-        ("gpu:0", "gpu_recovery_action", Severity.CRITICAL, expected, True)
-    ]
+    assert judged(reading) == [("gpu:0", "gpu_recovery_action", Severity.CRITICAL, expected, True)]
 
 
 def test_a_recovery_action_survives_a_daemon_restart_because_it_is_read() -> None:
@@ -219,3 +218,38 @@ def test_a_lost_gpus_field_batch_answers_success_with_an_error_in_every_field() 
         node.hardware.advance(node.clock.now() + 10)
         values = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
     assert values[0].nvmlReturn == pynvml.NVML_ERROR_GPU_IS_LOST
+
+
+# -- a GPU that cannot be watched is not "healthy" ----------------------------------
+
+
+def lost_check(reading: Reading) -> list[tuple[str, str, Severity]]:
+    history = History(max_age_seconds=3600.0)
+    history.record(reading)
+    output = gpu_lost.run(history, reading.time, GpuLostConfig())
+    return [(f.subject, f.code, f.severity) for f in output.findings]
+
+
+def test_a_gpu_answering_timeout_to_every_call_is_unresponsive_not_healthy() -> None:
+    with simulated_node() as node:
+        node.fake.fail(pynvml.NVML_ERROR_TIMEOUT, gpu=1)
+        reading = node.poll_at(10)
+        node.fake.clear_failures()
+        back = node.poll_at(20)
+    assert reading.gpus is not None and reading.gpus[1].up and not reading.gpus[1].responsive
+    assert lost_check(reading) == [("gpu:1", "gpu_unresponsive", Severity.CRITICAL)]
+    assert lost_check(back) == []
+
+
+def test_a_broken_xid_event_wait_is_seen(caplog: pytest.LogCaptureFixture) -> None:
+    with simulated_node() as node:
+        healthy = node.poll_at(10)
+        node.fake.fail(pynvml.NVML_ERROR_UNKNOWN, "nvmlEventSetWait_v2")
+        broken = node.poll_at(20)
+        node.fake.clear_failures()
+        node.poll_at(30)  # registers again after the failed wait
+        again = node.poll_at(40)
+    assert healthy.gpus is not None and healthy.gpus[0].xid_events_received is True
+    assert broken.gpus is not None and broken.gpus[0].xid_events_received is False
+    assert ("gpu:0", "xid_events_not_received", Severity.WARN) in lost_check(broken)
+    assert again.gpus is not None and again.gpus[0].xid_events_received is True

@@ -15,6 +15,7 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    GPU_RECOVERY_ACTIONS,
     NVLINK_ERROR_TYPES,
     THROTTLE_REASONS,
     GpuSample,
@@ -93,6 +94,32 @@ _SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
         "gpuwatchd_gpu_retired_pages_pending",
         "1 when retired pages wait for the next reboot to be blacklisted.",
         lambda g: g.retired_pages_pending,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_sram_threshold_exceeded",
+        "1 when SRAM uncorrectable errors are past the field-diag threshold (NVIDIA RMA).",
+        lambda g: g.sram_threshold_exceeded,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_recovery_action_id",
+        "The driver's GPU recovery action: "
+        + ", ".join(f"{code} {name}" for code, name in GPU_RECOVERY_ACTIONS.items())
+        + ".",
+        lambda g: g.recovery_action,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_xid_events_received",
+        "1 while the GPU's XID events are being received, 0 when the event wait fails.",
+        lambda g: g.xid_events_received,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_reset_required",
+        "1 when NVML answers RESET_REQUIRED: the GPU must be reset before it can be used.",
+        lambda g: g.reset_required,
         "",
     ),
 )
@@ -192,6 +219,15 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             ("correctable", g.remapped_rows_correctable),
             ("uncorrectable", g.remapped_rows_uncorrectable),
         ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_row_remapper_banks",
+            "Memory banks by the spare rows they have left (max: all, none: no remap possible).",
+            labels=(*GPU_LABELS, "availability"),
+        ),
+        gpus,
+        lambda g: g.row_remapper_banks.items(),
     )
     yield _by_label(
         GaugeMetricFamily(

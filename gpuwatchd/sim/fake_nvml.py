@@ -272,7 +272,8 @@ class FakeNvml:
 
     def fail(self, code: int, function: str | None = None, gpu: int | None = None) -> None:
         """Make `function` (every device function when None) return `code` on
-        `gpu` (every GPU when None)."""
+        `gpu` (every GPU when None); a system function such as
+        `nvmlEventSetWait_v2` fails for every caller."""
         self._errors[function, gpu] = code
 
     def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
@@ -301,7 +302,8 @@ class FakeNvml:
         if name not in ("nvmlInitWithFlags", "nvmlErrorString") and not self._initialized:
             return _UNINITIALIZED
         if not export.device:
-            return export.answer(*args)
+            failure = self._errors.get((name, None))
+            return export.answer(*args) if failure is None else failure
         gpu = self._index(args[0])
         if gpu is None:
             return _INVALID_ARGUMENT

@@ -647,6 +647,9 @@ class _XidListener:
         self._events: queue.SimpleQueue[XidEvent] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._stale = threading.Event()
+        # GPUs that report no XID events at all, and whether the last wait failed.
+        self._unsupported: set[int] = set()
+        self._failing = False
         self._by_address: dict[int | None, _Gpu] = {}
         self._event_set: Any = self._register()
         self._thread: threading.Thread | None = None
@@ -674,7 +677,9 @@ class _XidListener:
             return False
         try:
             if not pynvml.nvmlDeviceGetSupportedEventTypes(gpu.handle) & _XID:
-                log.info("GPU %d does not report XID events", gpu.index)
+                if gpu.index not in self._unsupported:
+                    log.info("GPU %d does not report XID events", gpu.index)
+                self._unsupported.add(gpu.index)
                 return False
             pynvml.nvmlDeviceRegisterEvents(gpu.handle, _XID, event_set)
         except pynvml.NVMLError as error:
@@ -687,6 +692,12 @@ class _XidListener:
         _free(self._event_set)
         self._event_set = self._register()
 
+    def receiving(self, gpu: _Gpu) -> bool | None:
+        """Whether this GPU's XIDs are being received; None when it reports none."""
+        if gpu.index in self._unsupported:
+            return None
+        return not self._failing and any(g is gpu for g in self._by_address.values())
+
     def register_again(self) -> None:
         """Make the event set again (a lost GPU answers again): at once without a
         thread, else by the thread before its next wait."""
@@ -697,7 +708,15 @@ class _XidListener:
 
     def _receive(self, timeout_ms: int) -> None:
         """Wait for one event and queue it; raises NVMLError_Timeout when none came."""
-        data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            self._failing = False
+            raise
+        except pynvml.NVMLError:
+            self._failing = True
+            raise
+        self._failing = False
         gpu = self._by_address.get(_address(data.device))
         if data.eventType != _XID or gpu is None:
             return
@@ -899,6 +918,8 @@ class NvmlSource:
             nvlinks=tuple(LinkSample(gpu.index, r.link, r.up, r.errors) for r in links),
             xid_counts=dict(gpu.xid_counts),
             reset_required=read.reset_required,
+            responsive=read.answered,
+            xid_events_received=None if self._xids is None else self._xids.receiving(gpu),
             **sample,
         )
 
