@@ -489,14 +489,15 @@ class Store:
             recent = "SELECT boot_id, seq FROM boots ORDER BY seq DESC LIMIT ?"
             rows = db.execute(f"SELECT boot_id FROM ({recent}) ORDER BY seq", (boots,)).fetchall()
             xids = db.execute(
-                "SELECT boot_id, gpu, uuid, code FROM boot_xids"
+                "SELECT boot_id, gpu, uuid, code, last_time FROM boot_xids"
                 f" WHERE boot_id IN (SELECT boot_id FROM ({recent}))",
                 (boots,),
             ).fetchall()
         return BootRecord(
             boot_ids=tuple(row["boot_id"] for row in rows),
             xids=tuple(
-                BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"]) for row in xids
+                BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"], row["last_time"])
+                for row in xids
             ),
         )
 

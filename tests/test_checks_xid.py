@@ -1,5 +1,6 @@
-"""XID check and catalog: application against hardware XIDs, every occurrence
-counted, escalation to hardware inspection after reboots that did not help."""
+"""XID check and catalog: each XID judged by NVIDIA's catalog, every occurrence
+counted, escalation to hardware inspection only for hardware XIDs that come
+back after reboots within the window."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ from gpuwatchd.model import Action, Finding, Severity, XidEvent
 
 CONFIG = XidConfig()
 NOW = T0 + 100.0
+DAY = 86400.0
 
 
 def xids(
-    *events: tuple[int, int], boots: BootRecord | None = None, uuid: str | None = None
+    *events: tuple[int, int],
+    boots: BootRecord | None = None,
+    uuid: str | None = None,
+    config: XidConfig = CONFIG,
 ) -> list[Finding]:
     """(gpu, code) events a second apart before NOW, judged at NOW."""
     history = History(max_age_seconds=3600.0)
@@ -29,7 +34,24 @@ def xids(
     ]
     record(history, NOW - 60, [gpu(index) for index in range(8)])
     record(history, NOW, [gpu(index) for index in range(8)], stamped)
-    return list(xid.run(history, NOW, CONFIG, boots).findings)
+    return list(xid.run(history, NOW, config, boots).findings)
+
+
+def seen_before(code: int, *ages: float, gpu_index: int = 3) -> BootRecord:
+    """Earlier boots, one per age (seconds before NOW, oldest first), in each of
+    which GPU `gpu_index` raised `code`; then the current boot."""
+    earlier = [f"boot-{n}" for n in range(len(ages))]
+    return BootRecord(
+        boot_ids=(*earlier, "boot-now"),
+        xids=tuple(
+            BootXid(boot, gpu_index, f"GPU-{gpu_index:04d}", code, NOW - age)
+            for boot, age in zip(earlier, ages, strict=True)
+        ),
+    )
+
+
+def verdict(finding: Finding) -> tuple[str, Severity, Action, bool]:
+    return (finding.code, finding.severity, finding.action, finding.definitive)
 
 
 def by_code(findings: Sequence[Finding]) -> dict[str, Finding]:
@@ -46,21 +68,43 @@ def test_an_application_xid_is_recorded_but_does_not_condemn_the_gpu() -> None:
 
 def test_a_gpu_fallen_off_the_bus_is_critical_definitive_and_asks_for_a_reboot() -> None:
     [finding] = xids((2, 79))
-    assert (finding.code, finding.severity, finding.definitive, finding.action) == (
-        "xid_hardware",
-        Severity.CRITICAL,
-        True,
-        Action.REBOOT,
-    )
+    assert verdict(finding) == ("xid_hardware", Severity.CRITICAL, Action.REBOOT, True)
+    assert finding.evidence["nvidia_immediate"] == "RESTART_BM"
 
 
-def test_a_contained_ecc_error_is_a_warning() -> None:
+def test_a_contained_memory_error_warns_and_only_the_application_restarts() -> None:
     [finding] = xids((0, 94))
-    assert (finding.code, finding.severity, finding.definitive) == (
+    assert verdict(finding) == (
         "xid_hardware",
         Severity.WARN,
+        Action.RESTART_APP,
         False,
     )
+
+
+@pytest.mark.parametrize("code", [48, 95])
+def test_a_double_bit_or_uncontained_memory_error_drains_for_a_reset_not_for_good(
+    code: int,
+) -> None:
+    [finding] = xids((1, code))
+    assert verdict(finding) == (
+        "xid_hardware",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+    assert "row-remap failure" in finding.message
+
+
+@pytest.mark.parametrize("code", [48, 94, 95])
+def test_memory_error_xids_repeated_within_the_window_still_only_ask_for_a_reset(
+    code: int,
+) -> None:
+    # NVIDIA's RMA criteria (row-remap failure, SRAM threshold) condemn, read
+    # by the memory check; a repeated XID is not one of them.
+    [finding] = xids((3, code), boots=seen_before(code, DAY, 3600.0))
+    assert not finding.definitive
+    assert finding.action is not Action.INSPECT_HARDWARE
 
 
 def test_every_occurrence_counts_not_only_the_last() -> None:
@@ -69,12 +113,14 @@ def test_every_occurrence_counts_not_only_the_last() -> None:
     assert "x3" in finding.message
 
 
-def test_hardware_and_application_xids_of_one_gpu_are_judged_apart() -> None:
+def test_hardware_application_and_informational_xids_of_one_gpu_are_judged_apart() -> None:
     found = by_code(xids((1, 48), (1, 45), (1, 63), (1, 13)))
     assert found["xid_hardware"].severity is Severity.CRITICAL
     assert found["xid_hardware"].evidence["xids"] == "48"
-    assert found["xid_application"].evidence["xids"] == "13,45,63"
+    assert found["xid_application"].evidence["xids"] == "13"
+    assert found["xid_informational"].evidence["xids"] == "45,63"
     assert found["xid_application"].severity is Severity.OK
+    assert found["xid_informational"].severity is Severity.OK
 
 
 def test_the_most_severe_xid_of_a_gpu_decides_its_finding() -> None:
@@ -87,6 +133,7 @@ def test_the_most_severe_xid_of_a_gpu_decides_its_finding() -> None:
 def test_an_unknown_xid_is_worth_a_warning() -> None:
     [finding] = xids((0, 999))
     assert (finding.code, finding.severity) == ("xid_unknown", Severity.WARN)
+    assert not finding.definitive
 
 
 def test_an_xid_older_than_the_window_is_forgotten() -> None:
@@ -102,30 +149,108 @@ def test_ignored_xids_are_not_reported() -> None:
     assert xid.run(history, NOW, XidConfig(ignore=(13, 92))).findings == ()
 
 
-def test_a_hardware_xid_back_after_two_reboots_asks_for_hardware_inspection() -> None:
-    boots = BootRecord(
-        boot_ids=("boot-a", "boot-b", "boot-c"),
-        xids=(BootXid("boot-a", 3, "GPU-0003", 48), BootXid("boot-b", 3, "GPU-0003", 48)),
+def test_xid_157_twice_across_reboots_condemns_nothing() -> None:
+    [finding] = xids((3, 157), boots=seen_before(157, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == (
+        "xid_informational",
+        Severity.OK,
+        Action.NONE,
+        False,
     )
-    [finding] = xids((3, 48), boots=boots)
+
+
+@pytest.mark.parametrize("code", [43, 63, 92, 121, 137, 159, 160, 161])
+def test_an_xid_nvidia_says_to_ignore_condemns_nothing_however_often_it_returns(
+    code: int,
+) -> None:
+    [finding] = xids((3, code), boots=seen_before(code, 3 * 3600.0, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == (
+        "xid_informational",
+        Severity.OK,
+        Action.NONE,
+        False,
+    )
+
+
+@pytest.mark.parametrize("code", [119, 120])
+def test_a_gsp_xid_asks_for_a_reset_and_points_at_software_not_hardware(code: int) -> None:
+    [finding] = xids((5, code))
+    assert verdict(finding) == (
+        "xid_software",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+    assert finding.evidence["nvidia_investigatory"] == "INVESTIGATE_SW"
+
+
+def test_xid_119_repeated_across_boots_a_week_apart_is_not_definitive() -> None:
+    [finding] = xids((3, 119), boots=seen_before(119, 14 * DAY, 7 * DAY))
+    assert not finding.definitive
+    assert finding.action is Action.RESET_GPU
+
+
+def test_xid_119_repeated_across_boots_within_a_day_is_still_not_definitive() -> None:
+    # NVIDIA investigates 119 as software: repeats ask for a driver look, not an RMA.
+    [finding] = xids((3, 119), boots=seen_before(119, 2 * 3600.0, 3600.0))
+    assert not finding.definitive
+    assert finding.action is Action.RESET_GPU
+
+
+def test_xid_79_repeated_within_three_days_escalates_to_hardware_inspection() -> None:
+    [finding] = xids((3, 79), boots=seen_before(79, 2 * DAY, DAY))
     assert finding.action is Action.INSPECT_HARDWARE
     assert finding.severity is Severity.CRITICAL
     assert finding.definitive
     assert finding.evidence["reboots"] == 2
-    assert "came back after 2 reboots" in finding.message
+    assert "came back after 2 reboots within 3d" in finding.message
+
+
+def test_a_reset_cured_hardware_xid_back_after_two_reboots_escalates_and_quarantines() -> None:
+    [finding] = xids((3, 62), boots=seen_before(62, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == (
+        "xid_hardware",
+        Severity.CRITICAL,
+        Action.INSPECT_HARDWARE,
+        True,
+    )
+
+
+def test_a_hardware_xid_seen_before_the_reboot_window_does_not_escalate() -> None:
+    # Boots 5 and 4 days ago saw it: outside gpud's 3-day lookback, the XID
+    # now is a new event, drained for a reset and released once quiet.
+    [finding] = xids((3, 62), boots=seen_before(62, 5 * DAY, 4 * DAY))
+    assert verdict(finding) == (
+        "xid_hardware",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+
+
+def test_only_the_reboots_since_the_first_xid_within_the_window_count() -> None:
+    # Three earlier boots saw it, but only the last one within 3 days: one reboot.
+    [finding] = xids((3, 62), boots=seen_before(62, 6 * DAY, 5 * DAY, DAY))
+    assert finding.action is Action.RESET_GPU
+
+
+def test_the_reboot_window_is_configurable() -> None:
+    week = XidConfig(reboot_window=7 * DAY)
+    [finding] = xids((3, 62), boots=seen_before(62, 5 * DAY, 4 * DAY), config=week)
+    assert finding.action is Action.INSPECT_HARDWARE
 
 
 def test_a_hardware_xid_back_after_one_reboot_still_asks_for_a_reset() -> None:
-    boots = BootRecord(boot_ids=("boot-b", "boot-c"), xids=(BootXid("boot-b", 3, "GPU-0003", 48),))
-    [finding] = xids((3, 48), boots=boots)
+    [finding] = xids((3, 62), boots=seen_before(62, 3600.0))
     assert finding.action is Action.RESET_GPU
+    assert not finding.definitive
 
 
 def test_escalation_follows_the_board_by_uuid_when_indices_shift() -> None:
     # Before the reboots the board was GPU 4; a missing GPU renumbered it to 3.
     boots = BootRecord(
         boot_ids=("boot-a", "boot-b", "boot-c"),
-        xids=(BootXid("boot-a", 4, "GPU-0003", 79),),
+        xids=(BootXid("boot-a", 4, "GPU-0003", 79, NOW - DAY),),
     )
     [finding] = xids((3, 79), boots=boots)
     assert finding.action is Action.INSPECT_HARDWARE
@@ -136,26 +261,83 @@ def test_escalation_follows_the_board_by_uuid_when_indices_shift() -> None:
 
 def test_without_uuids_escalation_matches_by_index() -> None:
     boots = BootRecord(
-        boot_ids=("boot-a", "boot-b", "boot-c"), xids=(BootXid("boot-a", 2, None, 95),)
+        boot_ids=("boot-a", "boot-b", "boot-c"), xids=(BootXid("boot-a", 2, None, 62, NOW - DAY),)
     )
     history = History(max_age_seconds=3600.0)
-    record(history, NOW, [gpu(2, uuid=None)], [XidEvent(2, 95, NOW)])
+    record(history, NOW, [gpu(2, uuid=None)], [XidEvent(2, 62, NOW)])
     [finding] = xid.run(history, NOW, CONFIG, boots).findings
     assert finding.action is Action.INSPECT_HARDWARE
 
 
 def test_an_application_xid_is_never_escalated() -> None:
-    boots = BootRecord(
-        boot_ids=("boot-a", "boot-b", "boot-c"), xids=(BootXid("boot-a", 0, "GPU-0000", 13),)
-    )
-    [finding] = xids((0, 13), boots=boots)
+    [finding] = xids((3, 13), boots=seen_before(13, 2 * 3600.0, 3600.0))
     assert finding.action is Action.RESTART_APP
 
 
+def test_xid_109_asks_for_a_reset() -> None:
+    [finding] = xids((2, 109))
+    assert verdict(finding) == (
+        "xid_hardware",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+
+
+def test_xid_74_drains_the_reporting_gpu_but_never_condemns_it_for_the_remote_end() -> None:
+    [finding] = xids((3, 74), boots=seen_before(74, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == (
+        "xid_hardware",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+    assert "remote end" in finding.message
+
+
+def test_xid_154_warns_and_points_to_the_recovery_action_the_driver_announced() -> None:
+    [finding] = xids((3, 154), boots=seen_before(154, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == ("xid_recovery_action", Severity.WARN, Action.NONE, False)
+    assert "gpu_recovery_action" in finding.message
+
+
+def test_every_catalog_row_cites_nvidias_immediate_and_investigatory_action() -> None:
+    for entry in CATALOG.values():
+        assert entry.immediate and entry.investigatory, entry.code
+
+
+def test_the_catalog_covers_every_xid_the_review_and_current_gpus_name() -> None:
+    named = {8, 13, 31, 43, 45, 46, 48, 54, 62, 63, 64, 74, 79, 92, 94, 95, 109, 110, 119}
+    current = {120, 121, 136, 137, 140, 143, *range(144, 162)}
+    assert (named | current) - set(CATALOG) == set()
+
+
+def test_no_row_nvidia_says_to_ignore_condemns_or_escalates() -> None:
+    ignored = [entry for entry in CATALOG.values() if entry.immediate == "IGNORE"]
+    assert {92, 121, 157} <= {entry.code for entry in ignored}
+    for entry in ignored:
+        assert entry.severity is Severity.OK and not entry.condemns, entry.code
+        assert not entry.escalates and not entry.definitive, entry.code
+
+
+def test_no_row_nvidia_investigates_as_software_or_ignores_escalates() -> None:
+    for entry in CATALOG.values():
+        if entry.investigatory.startswith(("INVESTIGATE_SW", "IGNORE", "CHECK_APP")):
+            assert not entry.escalates, entry.code
+
+
+def test_only_a_gpu_off_the_bus_and_missing_auxiliary_power_quarantine_at_once() -> None:
+    assert {code for code, entry in CATALOG.items() if entry.definitive} == {54, 79}
+
+
+def test_the_xids_that_escalate_are_reset_or_reboot_cured_hardware_faults() -> None:
+    escalating = {code for code, entry in CATALOG.items() if entry.escalates}
+    assert escalating == {46, 62, 64, 79, 109, 136, 140, 143, 158}
+
+
 @pytest.mark.parametrize("code", [48, 74, 79, 95, 119, 120, 140])
-def test_dcgm_fatal_xids_are_critical_definitive_hardware_faults(code: int) -> None:
-    entry = CATALOG[code]
-    assert (entry.severity, entry.condemns, entry.definitive) == (Severity.CRITICAL, True, True)
+def test_dcgm_fatal_xids_are_critical(code: int) -> None:
+    assert CATALOG[code].severity is Severity.CRITICAL
 
 
 @pytest.mark.parametrize("code", [13, 31, 43, 45])

@@ -122,6 +122,34 @@ CASES: dict[str, Expected] = {
         Health.HEALTHY,
         10,
     ),
+    # NVIDIA's memory error guide: a DBE drains the GPU for a reset (confirmed,
+    # released once quiet); only the RMA criteria condemn it for good.
+    "xid_memory_reset": Expected(
+        "{kind: xid, gpu: 1, code: 48}",
+        "gpu:1",
+        "xid_hardware",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        310,
+        node_quarantined=True,
+    ),
+    # NVIDIA's catalog: ignore now (157, resource retirement failure).
+    "xid_informational": Expected(
+        "{kind: xid, gpu: 1, code: 157}",
+        "gpu:1",
+        "xid_informational",
+        Severity.OK,
+        Health.HEALTHY,
+        10,
+    ),
+    "xid_recovery_action": Expected(
+        "{kind: xid, gpu: 1, code: 154}",
+        "gpu:1",
+        "xid_recovery_action",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
     "gpu_lost": Expected(
         "{kind: gpu_lost, gpu: 1}",
         "gpu:1",
@@ -270,6 +298,16 @@ def test_degraded_gpu_recovers_only_after_a_longer_quiet_period(tmp_path: Path) 
         # and recovery then needs 5 quiet minutes (recover_after) on top.
         assert sim.run_until(600).health["gpu:1"] is Health.DEGRADED
         assert sim.run_until(1200).health["gpu:1"] is Health.HEALTHY
+
+
+def test_an_xid_that_asks_for_a_reset_drains_the_gpu_until_it_is_quiet(tmp_path: Path) -> None:
+    with simulated_daemon(_scenario("{kind: xid, gpu: 1, code: 48}"), tmp_path) as sim:
+        drained = next(q for q in sim.run_until(400).quarantines if q.subject == "gpu:1")
+        # The XID's finding lasts its 10-minute window; an hour of quiet
+        # (policy.release_after) later the drain ends by itself.
+        released = sim.run_until(FAULT_AT + 600 + 3600 + 60)
+    assert not drained.hardware
+    assert released.quarantines == ()
 
 
 def test_hardware_quarantine_survives_restart_and_is_never_auto_released(tmp_path: Path) -> None:

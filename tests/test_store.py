@@ -166,11 +166,13 @@ def test_boots_are_kept_in_order_with_the_xids_of_each(store: Store) -> None:
     poll(store, [], T0 + 201, (xid,), boot_id="boot-c")
     record = store.boot_record()
     assert record.boot_ids == ("boot-a", "boot-b", "boot-c")
-    assert {(x.boot_id, x.gpu, x.uuid, x.code) for x in record.xids} == {
-        ("boot-a", 2, "GPU-0002", 48),
-        ("boot-c", 2, "GPU-0002", 48),
+    assert {(x.boot_id, x.gpu, x.uuid, x.code, x.last_time) for x in record.xids} == {
+        ("boot-a", 2, "GPU-0002", 48, T0),
+        ("boot-c", 2, "GPU-0002", 48, T0),
     }
-    assert record.reboots_since_first(2, "GPU-0002", 48) == 2
+    assert record.reboots_since_first(2, "GPU-0002", 48, since=T0) == 2
+    # XIDs last seen before the escalation window are not counted.
+    assert record.reboots_since_first(2, "GPU-0002", 48, since=T0 + 1) == 0
     assert store.boot_record(boots=2).boot_ids == ("boot-b", "boot-c")
 
 

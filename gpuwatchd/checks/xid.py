@@ -1,15 +1,18 @@
-"""XID check: every XID of the window, judged by the catalog, escalated across reboots.
+"""XID check: every XID of the window, judged by NVIDIA's catalog, escalated across reboots.
 
 Reads the XID events in History (every occurrence counts, not only the last
-one) and a `BootRecord`: the boots the store has seen and which XIDs each saw.
-For each GPU it gives one finding for the XIDs that condemn the GPU
-(`xid_hardware`), one for those that do not (`xid_application`) and one for
-XIDs the catalog does not know (`xid_unknown`).
+one) and a `BootRecord`: the boots the store has seen and which XIDs each saw,
+and when. For each GPU it gives one finding per kind of XID the catalog names
+(`xid_hardware`, `xid_software`, `xid_application`, `xid_informational`,
+`xid_recovery_action`) and one for XIDs it does not know (`xid_unknown`).
 
-Escalation follows gpud: a hardware XID whose remedy is a reset or a reboot
-and that comes back after `reboots_before_inspection` reboots has shown that
-rebooting does not fix it, so its action becomes `inspect_hardware` and it
-quarantines at once.
+Escalation follows gpud: a hardware XID that NVIDIA resets or reboots and
+investigates as hardware (`XidInfo.escalates`), and that comes back after
+`reboots_before_inspection` reboots, has shown that rebooting does not fix it,
+so its action becomes `inspect_hardware` and it quarantines at once. As in
+gpud, only the XIDs of the last `reboot_window` count: gpud looks back over its
+event store's retention, 3 days, so a rare XID seen months apart is two
+separate events, not one fault that survived reboots.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from dataclasses import dataclass
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_subject
-from gpuwatchd.checks.xid_catalog import CATALOG, XidInfo, lookup
+from gpuwatchd.checks.xid_catalog import XidInfo, lookup
 from gpuwatchd.history import History
 from gpuwatchd.model import Action, Finding, Severity, XidEvent
 from gpuwatchd.settings import Seconds
+from gpuwatchd.units import format_duration
 
 NAME = "xid"
 
@@ -35,8 +39,6 @@ ACTION_ORDER = (
     Action.REBOOT,
     Action.INSPECT_HARDWARE,
 )
-# Remedies that a reboot performs too (a reboot resets every GPU).
-REBOOT_REMEDIES = (Action.RESET_GPU, Action.REBOOT)
 
 
 @dataclass(frozen=True)
@@ -48,22 +50,28 @@ class XidConfig:
     # gpud's DefaultRebootThreshold: a reboot-remedied XID that returns after
     # this many reboots asks for hardware inspection.
     reboots_before_inspection: int = 2
+    # Only reboots after an XID seen this recently count (gpud's
+    # DefaultLookbackPeriod, its event store's retention of 3 days).
+    reboot_window: Seconds = 3 * 86400.0
     # XIDs never to report (one a platform raises as noise, say).
     ignore: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.window <= 0 or self.reboots_before_inspection < 1:
-            raise ValueError("window must be more than 0s, reboots_before_inspection 1 or more")
+        if self.window <= 0 or self.reboot_window <= 0 or self.reboots_before_inspection < 1:
+            raise ValueError(
+                "window and reboot_window must be more than 0s, reboots_before_inspection 1 or more"
+            )
 
 
 @dataclass(frozen=True)
 class BootXid:
-    """An XID seen on a GPU during one boot."""
+    """An XID seen on a GPU during one boot, last at `last_time`."""
 
     boot_id: str
     gpu: int
     uuid: str | None
     code: int
+    last_time: float
 
 
 @dataclass(frozen=True)
@@ -73,13 +81,17 @@ class BootRecord:
     boot_ids: tuple[str, ...] = ()
     xids: tuple[BootXid, ...] = ()
 
-    def reboots_since_first(self, gpu: int, uuid: str | None, code: int) -> int:
-        """Reboots since the first boot in which this GPU raised this XID."""
+    def reboots_since_first(self, gpu: int, uuid: str | None, code: int, since: float) -> int:
+        """Reboots since the first boot in which this GPU raised this XID at
+        `since` or later."""
         position = {boot: number for number, boot in enumerate(self.boot_ids)}
         firsts = [
             position[seen.boot_id]
             for seen in self.xids
-            if seen.code == code and seen.boot_id in position and _same_gpu(seen, gpu, uuid)
+            if seen.code == code
+            and seen.last_time >= since
+            and seen.boot_id in position
+            and _same_gpu(seen, gpu, uuid)
         ]
         return len(self.boot_ids) - 1 - min(firsts) if firsts else 0
 
@@ -116,7 +128,7 @@ def run(
     for gpu, events in sorted(by_gpu.items()):
         uuid = _uuid(history, events)
         judged = [
-            _judge(code, count, gpu, uuid, record, config)
+            _judge(code, count, gpu, uuid, record, now, config)
             for code, count in sorted(_counts(events).items())
         ]
         for code, members in _categorise(judged).items():
@@ -140,15 +152,17 @@ def _counts(events: Sequence[XidEvent]) -> dict[int, int]:
 
 
 def _judge(
-    code: int, count: int, gpu: int, uuid: str | None, record: BootRecord, config: XidConfig
+    code: int,
+    count: int,
+    gpu: int,
+    uuid: str | None,
+    record: BootRecord,
+    now: float,
+    config: XidConfig,
 ) -> _Judged:
     info = lookup(code)
-    reboots = record.reboots_since_first(gpu, uuid, code)
-    if (
-        info.condemns
-        and info.action in REBOOT_REMEDIES
-        and reboots >= config.reboots_before_inspection
-    ):
+    reboots = record.reboots_since_first(gpu, uuid, code, since=now - config.reboot_window)
+    if info.escalates and reboots >= config.reboots_before_inspection:
         return _Judged(info, count, Severity.CRITICAL, Action.INSPECT_HARDWARE, True, reboots)
     return _Judged(info, count, info.severity, info.action, info.definitive, reboots)
 
@@ -156,12 +170,7 @@ def _judge(
 def _categorise(judged: Sequence[_Judged]) -> dict[str, list[_Judged]]:
     groups: dict[str, list[_Judged]] = defaultdict(list)
     for item in judged:
-        if item.info.condemns:
-            groups["xid_hardware"].append(item)
-        elif item.info.code in CATALOG:
-            groups["xid_application"].append(item)
-        else:
-            groups["xid_unknown"].append(item)
+        groups[f"xid_{item.info.kind.value}"].append(item)
     return groups
 
 
@@ -173,11 +182,17 @@ def _finding(gpu: int, code: str, members: Sequence[_Judged], config: XidConfig)
         "xids": ",".join(str(m.info.code) for m in members),
         "count": sum(m.count for m in members),
         "window_seconds": config.window,
+        "nvidia_immediate": worst.info.immediate,
+        "nvidia_investigatory": worst.info.investigatory,
     }
     message = f"{listed} in the last {config.window:g}s"
+    message += "".join(f"; XID {m.info.code}: {m.info.advice}" for m in members if m.info.advice)
     if worst.action is Action.INSPECT_HARDWARE and worst.reboots:
         evidence["reboots"] = worst.reboots
-        message += f"; XID {worst.info.code} came back after {worst.reboots} reboots"
+        message += (
+            f"; XID {worst.info.code} came back after {worst.reboots} reboots"
+            f" within {format_duration(config.reboot_window)}"
+        )
     return Finding(
         subject=gpu_subject(gpu),
         check=NAME,

@@ -1,98 +1,275 @@
-"""What each XID means for the GPU that raised it: severity, suggested action,
-whether it condemns the GPU, and whether it quarantines at once.
+"""What each XID means for the GPU that raised it, as NVIDIA publishes it.
 
-Sources: NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors, the
-"Immediate Resolution" column gives the action), DCGM's health module (XIDs
-48, 74, 79, 95, 119, 120 and 140 fail a GPU, 94 warns) and gpud's catalog.
-An XID whose fault lies in the application (13, 31, 43, 45...) says nothing
-about the GPU: it is recorded (severity ok) and does not change its health.
-XIDs that NVIDIA lists as unused are left out; an XID not listed here is
-judged by `UNKNOWN`.
+Every row carries NVIDIA's two columns from "Analyzing Xid Errors with the Xid
+Catalog" (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), as
+gpud mirrors the spreadsheet in `components/accelerator/nvidia/xid/
+catalog_generated.go` (generated 2025-10-29): the immediate resolution (what
+to do now) and the investigatory one (where to look when it repeats). Our
+severity, action and kind follow from them:
+
+- `IGNORE` now: informational. The finding is recorded (severity ok) and
+  condemns nothing, whatever the investigatory column says (92, 121, 157...).
+- `RESTART_APP` now: the application's fault; the GPU is not judged. 94
+  (contained memory error) is the exception: a hardware error that the
+  application pays for, so it warns (DCGM warns on it too).
+- `RESET_GPU` now: the GPU needs a reset before it is used again, so it is
+  drained (critical, not definitive: policy quarantines it once confirmed and
+  releases it once quiet). Where NVIDIA's investigation points at software
+  (`INVESTIGATE_SW`: 110, 119, 120, 155), the kind is `software`.
+- `RESTART_BM` (79) reboots; `CHECK_MECHANICALS` (54) needs a person. Both
+  quarantine at once: nothing a reset does brings them back.
+- `WORKFLOW_XID_48` and 95 follow NVIDIA's GPU memory error management guide:
+  reset the GPU, which applies the row remap; what condemns a GPU for good is
+  the RMA criteria (row-remap failure flag, SRAM threshold exceeded), which
+  the memory check reads from the driver, not the XID.
+- `WORKFLOW_NVLINK_ERR` (74): the fault can sit at either end of the link, so
+  the reporting GPU is drained for a reset, never condemned on its own word.
+- `WORKFLOW_NVLINK5_ERR` (144-150): the severity hangs on a decode of the
+  error status the NVML event does not carry, and many decoded rows are
+  `IGNORE`, so they warn and ask for a reset.
+- `XID_154`: the driver changed the GPU's recovery action; the action itself
+  is the `gpu_recovery_action` field, judged by its own check.
+
+Only hardware XIDs that NVIDIA resets or reboots and whose investigation is a
+hardware one (`CONTACT_SUPPORT`, `INVESTIGATE_LINK_SI`) escalate when they
+come back after reboots (`XidInfo.escalates`). Codes the catalog lists as
+"Unused", and those it lists without any action (162 onwards in the 2025
+sheet), are left out: they are judged by `UNKNOWN`, a warning and no verdict;
+so is 142 (NVENC3), whose only column is `CONTACT_SUPPORT`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from enum import Enum
 from types import MappingProxyType
 
 from gpuwatchd.model import Action, Severity
+
+
+class XidKind(Enum):
+    """Whose the XID is, which names its finding (`xid_<kind>`)."""
+
+    APPLICATION = "application"
+    INFORMATIONAL = "informational"
+    SOFTWARE = "software"
+    HARDWARE = "hardware"
+    RECOVERY_ACTION = "recovery_action"
+    UNKNOWN = "unknown"
+
+
+# NVIDIA's investigatory resolutions that look at the GPU or its links, as
+# opposed to IGNORE, INVESTIGATE_SW*, CHECK_APP/CUDA and the workflows.
+HARDWARE_INVESTIGATIONS = frozenset({"CONTACT_SUPPORT", "INVESTIGATE_LINK_SI"})
+# NVIDIA's immediate resolutions that a reboot performs (a reboot resets every GPU).
+REBOOT_CURED = frozenset({"RESET_GPU", "RESTART_BM"})
 
 
 @dataclass(frozen=True)
 class XidInfo:
     code: int
     name: str
+    # NVIDIA's catalog columns, verbatim.
+    immediate: str
+    investigatory: str
+    kind: XidKind
     severity: Severity
     action: Action
-    # The fault lies in the GPU (or its links and firmware), not in the application.
-    condemns: bool
-    # A hardware fault that quarantines at once, without a confirmation window.
+    # Quarantines at once, and for good, without a confirmation window.
     definitive: bool = False
+    # Said after the XID in its finding's message.
+    advice: str = ""
+
+    @property
+    def condemns(self) -> bool:
+        """The fault lies in the GPU (or its links and firmware), not elsewhere."""
+        return self.kind is XidKind.HARDWARE
+
+    @property
+    def escalates(self) -> bool:
+        """Coming back after reboots shows that the reset or reboot NVIDIA asks
+        for does not cure it, and NVIDIA's investigation is a hardware one."""
+        return (
+            self.condemns
+            and self.immediate in REBOOT_CURED
+            and self.investigatory in HARDWARE_INVESTIGATIONS
+        )
 
 
 OK, WARN, CRITICAL = Severity.OK, Severity.WARN, Severity.CRITICAL
-NONE, RESTART_APP, RESET_GPU, REBOOT, INSPECT = (
-    Action.NONE,
-    Action.RESTART_APP,
-    Action.RESET_GPU,
-    Action.REBOOT,
-    Action.INSPECT_HARDWARE,
+APPLICATION, INFORMATIONAL, SOFTWARE, HARDWARE = (
+    XidKind.APPLICATION,
+    XidKind.INFORMATIONAL,
+    XidKind.SOFTWARE,
+    XidKind.HARDWARE,
+)
+CONTACT_SUPPORT, CHECK_APP = "CONTACT_SUPPORT", "CHECK_APP/CUDA"
+
+_MEMORY_ADVICE = (
+    "reset the GPU to apply the row remap; the memory check's row-remap failure"
+    " and SRAM threshold flags decide an RMA"
 )
 
+
+def _application(code: int, name: str, investigatory: str = CONTACT_SUPPORT) -> XidInfo:
+    return XidInfo(code, name, "RESTART_APP", investigatory, APPLICATION, OK, Action.RESTART_APP)
+
+
+def _informational(
+    code: int, name: str, investigatory: str = CONTACT_SUPPORT, immediate: str = "IGNORE"
+) -> XidInfo:
+    return XidInfo(code, name, immediate, investigatory, INFORMATIONAL, OK, Action.NONE)
+
+
+def _reset(code: int, name: str, investigatory: str = CONTACT_SUPPORT) -> XidInfo:
+    kind = HARDWARE if investigatory in HARDWARE_INVESTIGATIONS else SOFTWARE
+    return XidInfo(code, name, "RESET_GPU", investigatory, kind, CRITICAL, Action.RESET_GPU)
+
+
+def _engines() -> Iterator[XidInfo]:
+    """Copy, video and JPEG engine exceptions: each is the channel's application's."""
+    yield from (_application(code, "Copy Engine Exception") for code in (39, 40, 41))
+    numbered = {
+        **{code: f"CE{n}: Unknown Error" for n, code in enumerate((70, 71, 72, 75, 76, 77), 3)},
+        85: "CE9: Unknown Error",
+        **{code: f"CE{n}: Unknown Error" for n, code in enumerate(range(126, 136), 10)},
+        68: "NVDEC0 Exception",
+        **{code: f"NVDEC{n} Error" for n, code in enumerate((83, 84, 88, 89, 96, 97, 98), 1)},
+        82: "NVJPG0 Error",
+        **{code: f"NVJPG{n} Error" for n, code in enumerate(range(99, 106), 1)},
+        86: "OFA Exception",
+        139: "OFA1 Error",
+    }
+    yield from (_application(code, name) for code, name in numbered.items())
+
+
 _ENTRIES: tuple[XidInfo, ...] = (
-    # Application faults: the catalog's resolution is to restart (or debug) the app.
-    XidInfo(8, "GPU stopped processing", OK, RESTART_APP, condemns=False),
-    XidInfo(11, "Invalid or corrupted push buffer stream", OK, RESTART_APP, condemns=False),
-    XidInfo(13, "Graphics Engine Exception", OK, RESTART_APP, condemns=False),
-    XidInfo(25, "Invalid or illegal push buffer stream", OK, RESTART_APP, condemns=False),
-    XidInfo(31, "GPU memory page fault", OK, RESTART_APP, condemns=False),
-    XidInfo(32, "Invalid or corrupted push buffer stream", OK, RESTART_APP, condemns=False),
-    XidInfo(43, "GPU stopped processing", OK, NONE, condemns=False),
-    # 45 follows other XIDs (a DBE, most often) when the driver cleans up channels.
-    XidInfo(45, "Preemptive cleanup, due to previous errors", OK, NONE, condemns=False),
-    XidInfo(68, "NVDEC0 Exception", OK, RESTART_APP, condemns=False),
-    XidInfo(69, "Graphics Engine class error", OK, RESTART_APP, condemns=False),
-    XidInfo(80, "Corrupted data sent to GPU", OK, RESTART_APP, condemns=False),
-    # Driver and firmware events the catalog says to ignore or merely note.
-    XidInfo(37, "Driver firmware error", OK, NONE, condemns=False),
-    XidInfo(38, "Driver firmware error", OK, NONE, condemns=False),
-    XidInfo(63, "GPU memory remapping event", OK, NONE, condemns=False),
-    XidInfo(154, "GPU Recovery Action Changed", OK, NONE, condemns=False),
-    # A context-switch timeout is as often the application's as the GPU's; it
-    # needs a reset but does not condemn the GPU.
-    XidInfo(109, "Context Switch Timeout Error", WARN, RESET_GPU, condemns=False),
-    XidInfo(155, "NVLINK: SW Defined Error", WARN, RESET_GPU, condemns=False),
-    # Hardware faults that DCGM fails the GPU for: quarantine at once.
-    XidInfo(48, "Double Bit ECC Error", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    XidInfo(74, "NVLINK Error", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    XidInfo(79, "GPU has fallen off the bus", CRITICAL, REBOOT, condemns=True, definitive=True),
-    XidInfo(95, "Uncontained memory error", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    XidInfo(119, "GSP RPC Timeout", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    XidInfo(120, "GSP Error", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    XidInfo(140, "ECC Unrecovered Error", CRITICAL, RESET_GPU, condemns=True, definitive=True),
-    # No spare rows (or resources) left: the GPU needs replacing, not a reset.
-    XidInfo(64, "GPU memory remapping failure", CRITICAL, INSPECT, condemns=True, definitive=True),
-    XidInfo(157, "Resource Retirement Failure", CRITICAL, INSPECT, condemns=True, definitive=True),
-    # "Auxiliary power is not connected to the GPU board": check the mechanics.
-    XidInfo(54, "Auxiliary power not connected", CRITICAL, INSPECT, condemns=True, definitive=True),
-    # Hardware faults a reset usually clears: critical, quarantined once confirmed.
-    XidInfo(46, "GPU stopped processing", CRITICAL, RESET_GPU, condemns=True),
-    XidInfo(62, "Internal micro-controller halt", CRITICAL, RESET_GPU, condemns=True),
-    XidInfo(110, "Security Fault Error", CRITICAL, RESET_GPU, condemns=True),
-    XidInfo(136, "Link Training Failed", CRITICAL, RESET_GPU, condemns=True),
-    XidInfo(143, "GPU Initialization Error", CRITICAL, RESET_GPU, condemns=True),
-    XidInfo(158, "GPU Fatal Timeout", CRITICAL, RESET_GPU, condemns=True),
-    # Contained or corrected hardware errors: the GPU goes on; degraded.
-    # DCGM warns on 94; gpud never escalates it to a reboot.
-    XidInfo(94, "Contained memory error", WARN, RESTART_APP, condemns=True),
-    XidInfo(92, "High single-bit ECC error rate", WARN, NONE, condemns=True),
-    XidInfo(121, "C2C Error", WARN, NONE, condemns=True),
-    XidInfo(156, "Resource Retirement Event", WARN, RESET_GPU, condemns=True),
-    # NVLink5 (Blackwell) unit errors: their severity hangs on a decode of the
-    # error status the event does not carry, so they warn and ask for a reset.
+    _application(8, "GPU stopped processing"),
+    _application(11, "Invalid or corrupted push buffer stream", CHECK_APP),
+    _application(13, "Graphics Engine Exception", "WORKFLOW_XID_13"),
+    _application(25, "Invalid or illegal push buffer stream", CHECK_APP),
+    _application(31, "GPU memory page fault", "WORKFLOW_XID_31"),
+    _application(32, "Invalid or corrupted push buffer stream", CHECK_APP),
+    _application(60, "Video processor exception", "INVESTIGATE_SW"),
+    _application(69, "Graphics Engine class error", CHECK_APP),
+    _application(80, "Corrupted data sent to GPU", CHECK_APP),
+    *_engines(),
+    _informational(37, "Driver firmware error", CHECK_APP),
+    _informational(38, "Driver firmware error"),
+    _informational(43, "GPU stopped processing"),
+    _informational(44, "Graphics Engine fault during context switch"),
+    # Follows other XIDs (a DBE, most often) when the driver cleans up channels.
+    _informational(
+        45,
+        "Preemptive cleanup, due to previous errors",
+        "Solo: RESTART_FM; Not Solo: IGNORE (follow other Xid)",
+        immediate="WORKFLOW_XID_45",
+    ),
+    # A row remapped successfully: the reset that applies it is row_remap_pending's.
+    _informational(63, "GPU memory remapping event", "IGNORE"),
+    _informational(66, "Illegal access by driver", "INVESTIGATE_SW"),
+    _informational(67, "Illegal access by driver"),
+    _informational(78, "vGPU Start Error", "UPDATE_SWFW", immediate="UPDATE_SWFW"),
+    _informational(92, "High single-bit ECC error rate"),
+    _informational(93, "Non-fatal violation of provisioned InfoROM wear limit"),
+    _informational(106, "SMBPBI Test Message", "IGNORE"),
+    _informational(107, "SMBPBI Test Message Silent", "IGNORE"),
+    _informational(121, "C2C Error"),
+    _informational(137, "NVLink Privilege Error", "XID_137_FLOW"),
+    _informational(141, "CUDA Fast Path Error"),
+    _informational(152, "DLA SMMU Error"),
+    _informational(153, "DLA timeout Error"),
+    _informational(157, "Resource Retirement Failure"),
+    _informational(159, "CHI Non-Data Error", "SYMPATHETIC_REPORT_SOLO", immediate="CHECK_UVM"),
+    _informational(160, "Channel Retirement Event", "INVESTIGATE_SW"),
+    _informational(161, "Channel Retirement Failure", "INVESTIGATE_SW"),
+    # Reset, then look at the driver, GSP firmware or the user's NVLink setup.
+    _reset(110, "Security Fault Error", "INVESTIGATE_SW"),
+    _reset(119, "GSP RPC Timeout", "INVESTIGATE_SW"),
+    _reset(120, "GSP Error", "INVESTIGATE_SW"),
+    _reset(155, "NVLINK: SW Defined Error", "INVESTIGATE_SW_USER"),
+    # Confidential computing: the VM restarts (a reboot, from inside the guest).
+    XidInfo(
+        151, "Key rotation Error", "RESTART_VM", CONTACT_SUPPORT, SOFTWARE, WARN, Action.REBOOT
+    ),
+    XidInfo(
+        154,
+        "GPU Recovery Action Changed",
+        "XID_154",
+        "N/A Informational only regarding another Xid",
+        XidKind.RECOVERY_ACTION,
+        WARN,
+        Action.NONE,
+        advice="the driver announced a GPU recovery action: see the gpu_recovery_action finding",
+    ),
+    # Hardware faults a reset clears; back after reboots, they escalate.
+    _reset(46, "GPU stopped processing"),
+    _reset(62, "Internal micro-controller halt"),
+    # The remapper failed a remap; the RMA criterion is the row-remap failure
+    # flag, which the memory check reads after the reset.
+    _reset(64, "GPU memory remapping failure"),
+    _reset(109, "Context Switch Timeout Error"),
+    _reset(136, "Link Training Failed", "INVESTIGATE_LINK_SI"),
+    _reset(140, "ECC Unrecovered Error"),
+    _reset(143, "GPU Initialization Error"),
+    _reset(158, "GPU Fatal Timeout"),
+    # NVIDIA's memory error management: a DBE or an uncontained error asks for
+    # a reset (which remaps the row); the RMA criteria condemn, not the XID.
+    XidInfo(
+        48,
+        "Double Bit ECC Error",
+        "WORKFLOW_XID_48",
+        "WORKFLOW_XID_48",
+        HARDWARE,
+        CRITICAL,
+        Action.RESET_GPU,
+        advice=_MEMORY_ADVICE,
+    ),
+    XidInfo(
+        95,
+        "Uncontained memory error",
+        "RESET_GPU",
+        "IGNORE (sympathetic)",
+        HARDWARE,
+        CRITICAL,
+        Action.RESET_GPU,
+        advice=_MEMORY_ADVICE,
+    ),
+    # Contained: only the application that touched the row dies; the GPU goes on.
+    XidInfo(
+        94,
+        "Contained memory error",
+        "RESTART_APP",
+        "IGNORE (sympathetic)",
+        HARDWARE,
+        WARN,
+        Action.RESTART_APP,
+    ),
+    XidInfo(
+        74,
+        "NVLINK Error",
+        "WORKFLOW_NVLINK_ERR",
+        CONTACT_SUPPORT,
+        HARDWARE,
+        CRITICAL,
+        Action.RESET_GPU,
+        advice="NVIDIA's NVLink workflow: the fault may lie at the link's remote end",
+    ),
+    # The retirement took place; a reset applies it.
+    XidInfo(
+        156, "Resource Retirement Event", "RESET_GPU", "IGNORE", HARDWARE, WARN, Action.RESET_GPU
+    ),
     *(
-        XidInfo(code, f"NVLINK: {unit} Error", WARN, RESET_GPU, condemns=True)
+        XidInfo(
+            code,
+            f"NVLINK: {unit} Error",
+            "WORKFLOW_NVLINK5_ERR",
+            "WORKFLOW_NVLINK5_ERR",
+            HARDWARE,
+            WARN,
+            Action.RESET_GPU,
+        )
         for code, unit in (
             (144, "SAW"),
             (145, "RLW"),
@@ -103,12 +280,34 @@ _ENTRIES: tuple[XidInfo, ...] = (
             (150, "MSE"),
         )
     ),
+    # Gone from the bus: only a reboot brings it back, and the reboot takes the node.
+    XidInfo(
+        79,
+        "GPU has fallen off the bus",
+        "RESTART_BM",
+        CONTACT_SUPPORT,
+        HARDWARE,
+        CRITICAL,
+        Action.REBOOT,
+        definitive=True,
+    ),
+    # A person must look at the board's power cables.
+    XidInfo(
+        54,
+        "Auxiliary power is not connected to the GPU board",
+        "CHECK_MECHANICALS",
+        CONTACT_SUPPORT,
+        HARDWARE,
+        CRITICAL,
+        Action.INSPECT_HARDWARE,
+        definitive=True,
+    ),
 )
 
 CATALOG: Mapping[int, XidInfo] = MappingProxyType({entry.code: entry for entry in _ENTRIES})
 
 # An XID this catalog does not know (a newer driver's): worth a look, not a verdict.
-UNKNOWN = XidInfo(0, "unknown XID", WARN, NONE, condemns=False)
+UNKNOWN = XidInfo(0, "unknown XID", "", "", XidKind.UNKNOWN, WARN, Action.NONE)
 
 
 def lookup(code: int) -> XidInfo:
