@@ -880,7 +880,8 @@ def _encode_gpu(sample: GpuSample) -> dict[str, Any]:
     data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
     data["retired_pages"] = dict(sample.retired_pages)
     data["nvlinks"] = [
-        {"link": link.link, "up": link.up, "errors": dict(link.errors)} for link in sample.nvlinks
+        {"link": link.link, "up": link.up, "errors": dict(link.errors), "ber": dict(link.ber)}
+        for link in sample.nvlinks
     ]
     data["xid_counts"] = [[code, n] for code, n in sample.xid_counts.items()]
     return data
@@ -891,7 +892,13 @@ def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
     values = {key: value for key, value in data.items() if key in known}
     values["ecc_errors"] = {(kind, scope): n for kind, scope, n in data.get("ecc_errors", ())}
     values["nvlinks"] = tuple(
-        LinkSample(gpu=data["index"], link=link["link"], up=link["up"], errors=link["errors"])
+        LinkSample(
+            gpu=data["index"],
+            link=link["link"],
+            up=link["up"],
+            errors=link["errors"],
+            ber=link.get("ber", {}),
+        )
         for link in data.get("nvlinks", ())
     )
     values["xid_counts"] = {int(code): n for code, n in data.get("xid_counts", ())}

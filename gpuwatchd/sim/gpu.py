@@ -63,6 +63,8 @@ DEFAULT_CLOCK_DRIFT_RATIO = 0.7
 # thousand bursts is bad enough to retrain (recover) the link.
 CRC_DATA_SHARE = 0.25
 RECOVERY_SHARE = 0.001
+# One NVLink5 link carries 50 GB/s each way (1.8 TB/s over 18 links, both ways).
+NVLINK5_LINK_BITS_PER_S = 400e9
 
 _THERMAL_REASONS = (
     CLOCKS_EVENT_REASONS["sw_thermal_slowdown"]
@@ -201,6 +203,7 @@ class SimulatedGpu:
 class LinkState:
     active: bool
     counters: Mapping[str, int]  # NVLINK_ERROR_TYPES -> cumulative count
+    ber: Mapping[str, float]  # NVLINK_BER_TYPES -> errors per bit (NVLink5)
 
 
 @dataclass(frozen=True)
@@ -450,16 +453,21 @@ class _GpuModel:
     def _link(self, link: int, t: float) -> LinkState:
         storms = self._of("nvlink_crc_storm", link)
         # A healthy link counts no errors at all: every replay is worth a
-        # warning (DCGM fails on any), so the calm node has none.
+        # warning (DCGM fails on any), so the calm node has none. On NVLink5
+        # the storm's errors are those FEC could not correct (effective errors).
         counters = dict.fromkeys(NVLINK_ERROR_TYPES, 0) | {
             "crc_flit": _grown(storms, t),
             "crc_data": _grown(storms, t, CRC_DATA_SHARE),
             "replay": _grown(storms, t),
             "recovery": _grown(storms, t, RECOVERY_SHARE),
+            "effective_errors": _grown(storms, t),
         }
-        return LinkState(
-            active=not _any_active(self._of("nvlink_down", link), t), counters=counters
-        )
+        rate = sum(fault.rate or 0.0 for fault in storms if fault.active(t))
+        # Symbol BER is not modelled: a calm link reports NVML's zero.
+        ber = {"effective": rate / NVLINK5_LINK_BITS_PER_S, "symbol": 0.0}
+        inactive = tuple(f for f in self._of("nvlink_inactive") if f.link is None or f.link == link)
+        down = _any_active(self._of("nvlink_down", link) + inactive, t)
+        return LinkState(active=not down, counters=counters, ber=ber)
 
 
 def _pci_bus_id(index: int) -> str:
@@ -474,6 +482,8 @@ _GPU_FAULT_KINDS = frozenset(
         "clock_drift",
         "nvlink_crc_storm",
         "nvlink_down",
+        "nvlink_inactive",
+        "gpu_missing",
         "ecc_sbe_storm",
         "ecc_uncorrectable",
         "row_remap_pending",
