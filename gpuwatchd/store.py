@@ -3,7 +3,8 @@
 Owns quarantines, the append-only journal (findings raised and cleared, health
 changes, decisions, what the actions did), the policy state, the boots seen
 and the XIDs of each, the last sample of every GPU and port (so that rates
-are right across a restart) and the webhook outbox: events written in the
+are right across a restart), facts learned about the node (its GPUs at the
+first healthy start) and the webhook outbox: events written in the
 same transaction as the decisions they report, delivered in order per
 webhook by the senders in `gpuwatchd.actions.webhook`. Every write is one
 transaction with `synchronous=FULL`: a process killed at any moment,
@@ -135,6 +136,15 @@ MIGRATIONS: tuple[str, ...] = (
         since REAL NOT NULL,
         severity TEXT NOT NULL,
         PRIMARY KEY (webhook, alert)
+    );
+    """,
+    # Facts learned about the node that later runs compare against (the GPUs
+    # of its first healthy start), one JSON document per key.
+    """
+    CREATE TABLE facts (
+        key TEXT PRIMARY KEY,
+        time REAL NOT NULL,
+        data TEXT NOT NULL
     );
     """,
 )
@@ -499,6 +509,22 @@ class Store:
                 BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"]) for row in xids
             ),
         )
+
+    # --- facts learned about the node ----------------------------------------------
+
+    def fact(self, key: str) -> Any:
+        """The JSON value recorded under `key`, or None."""
+        with self._reading() as db:
+            row = db.execute("SELECT data FROM facts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row["data"])
+
+    def record_fact(self, key: str, value: Any, now: float) -> None:
+        with self._writing() as db:
+            db.execute(
+                "INSERT INTO facts (key, time, data) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET time = excluded.time, data = excluded.data",
+                (key, now, json.dumps(value, sort_keys=True)),
+            )
 
     # --- samples across restarts --------------------------------------------------
 

@@ -172,3 +172,11 @@ def test_hopper_answers_the_legacy_fields_with_zero_and_refuses_nvlink5_fields()
         )
         assert (legacy.nvmlReturn, legacy.value.ullVal) == (pynvml.NVML_SUCCESS, 0)
         assert nvlink5.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def test_a_link_refusing_its_state_at_discovery_hides_none_of_the_links_after_it() -> None:
+    with simulated_node() as node:
+        node.fake.fail_link(pynvml.NVML_ERROR_NOT_SUPPORTED, "nvmlDeviceGetNvLinkState", link=2)
+        links = node.gpu_at(10).nvlinks
+        assert [link.link for link in links] == [0, 1, *range(3, 18)]
+        assert all(set(link.errors) == HOPPER_KINDS for link in links)

@@ -429,14 +429,18 @@ class FakeNvml:
         return _write_string(buffer, size, self.driver_version)
 
     def _count(self, count: int | None) -> int:
-        return _put(ctypes.c_uint, count, len(self._model.gpus))
+        return _put(ctypes.c_uint, count, len(self._model.present))
 
     def _handle(self, index: int, handle: int | None) -> int:
-        if index >= len(self._model.gpus):
+        # A GPU missing from the bus is not enumerated: NVML numbers the GPUs it
+        # finds (nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex), so the ones
+        # after it move down one index.
+        if index >= len(self._model.present):
             return _INVALID_ARGUMENT
-        if self._state(index).lost:
+        gpu = self._model.present[index]
+        if self._state(gpu).lost:
             return _GPU_IS_LOST
-        return _put(ctypes.c_void_p, handle, _HANDLE_BASE + index)
+        return _put(ctypes.c_void_p, handle, _HANDLE_BASE + gpu)
 
     # -- identity -------------------------------------------------------------
 

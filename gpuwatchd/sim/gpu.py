@@ -494,8 +494,23 @@ _GPU_FAULT_KINDS = frozenset(
 )
 
 
+def _present(scenario: Scenario) -> tuple[int, ...]:
+    """The GPUs NVML enumerates, in index order: all but the `gpu_missing` ones.
+    As on a real node, the GPUs after a missing one take lower NVML indices."""
+    missing = set()
+    for fault in scenario.faults_of("gpu_missing"):
+        if fault.gpu is not None:
+            missing.add(fault.gpu)
+        else:
+            missing.update(range(scenario.node.gpus - (fault.count or 0), scenario.node.gpus))
+    return tuple(index for index in range(scenario.node.gpus) if index not in missing)
+
+
 class SimulatedGpus:
     """The GPUs of a simulated node, moved through time by `advance(now)`.
+
+    `gpus` are every GPU of the node by its physical index; `present` those
+    NVML enumerates (its index i is `present[i]`).
 
     `now` is wall time; the scenario's fault times are relative to `start`.
     XIDs are queued for the NVML event sets once the model has advanced past
@@ -522,6 +537,7 @@ class SimulatedGpus:
             _GpuModel(gpu, tuple(f for f in faults if f.gpu == gpu.index), scenario.seed)
             for gpu in self.gpus
         )
+        self.present = _present(scenario)
         self._schedule = sorted(
             (record for model in self._models for record in model.xids()), key=lambda r: r.time
         )

@@ -9,8 +9,11 @@ The format is a contract that users and tests write to:
       - {at: 15s, kind: nvlink_crc_storm, gpu: 5, link: 7, rate: 2000/s}
 
 `at` and `for` are durations; without `for` a fault lasts to the end; `rate`
-is `N/s`, `N/min` or `N/h`. A file with an unknown kind, a missing field or an
-index out of range is rejected with a message that names the fault.
+is `N/s`, `N/min` or `N/h`. `nvlink_inactive` (links never up: `link`, or every
+link of the GPU) and `gpu_missing` (`gpu`, or the last `count` GPUs, not
+enumerated by NVML) describe the node from boot and start at 0s. A file with
+an unknown kind, a missing field or an index out of range is rejected with a
+message that names the fault.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "clock_drift": (frozenset({"gpu"}), frozenset({"ratio"})),
     "nvlink_crc_storm": (frozenset({"gpu", "link", "rate"}), frozenset()),
     "nvlink_down": (frozenset({"gpu", "link"}), frozenset()),
+    "nvlink_inactive": (frozenset({"gpu"}), frozenset({"link"})),
+    "gpu_missing": (frozenset(), frozenset({"gpu", "count"})),
     "ecc_sbe_storm": (frozenset({"gpu", "rate"}), frozenset()),
     "ecc_uncorrectable": (frozenset({"gpu"}), frozenset({"code"})),
     "row_remap_pending": (frozenset({"gpu"}), frozenset()),
@@ -49,6 +54,8 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+# Kinds that describe the node as it booted: they must start at 0s.
+FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing"})
 
 # What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
 # says what each mode is); `consistent` when no mode is given.
@@ -97,6 +104,7 @@ class Fault:
     code: int | None = None
     ratio: float | None = None
     mode: str | None = None
+    count: int | None = None
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -177,6 +185,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         code=_require_int(raw["code"], "code", label) if "code" in raw else None,
         ratio=float(raw["ratio"]) if "ratio" in raw else None,
         mode=str(raw["mode"]) if "mode" in raw else None,
+        count=_require_int(raw["count"], "count", label) if "count" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -202,6 +211,12 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: unknown mode {fault.mode!r} (known modes: {known})")
     if fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.kind in FROM_BOOT and fault.at != 0:
+        raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
+    if fault.kind == "gpu_missing" and (fault.gpu is None) == (fault.count is None):
+        raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
+    if fault.count is not None and not 0 < fault.count <= node.gpus:
+        raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
 
 
 def parse(text: str, name: str = "scenario") -> Scenario:

@@ -528,15 +528,16 @@ def _succeeds(function: str, *args: Any) -> Callable[[], int]:
 
 
 def _discover_links(gpu: _Gpu) -> None:
-    """The links this GPU has: those whose state NVML reports, up to the
-    first index it says does not exist (as gpud enumerates them). A link that
-    answers anything else (a Timeout during the first polls, say) leaves the
+    """The links this GPU has: those whose state NVML reports. Every index is
+    asked (gpud stops at the first "no such link", which would hide the links
+    after one that refuses). A link that answers anything but its state or
+    "no such link" (a Timeout during the first polls, say) leaves the
     discovery open, to be done again at the next poll."""
     links, settled = [], True
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         code = _probe_code(_succeeds("nvmlDeviceGetNvLinkState", gpu.handle, link))
         if code in _NO_SUCH_LINK:
-            break
+            continue
         if code == _SUCCESS:
             links.append(link)
         else:
