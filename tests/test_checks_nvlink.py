@@ -1,5 +1,6 @@
 """NVLink check: storms over consecutive windows, single bursts, replays and
-recoveries, links that went down, counter resets."""
+recoveries, links that went down, counter resets, NVLink5's effective errors
+and BER, and links short of the expected count."""
 
 from __future__ import annotations
 

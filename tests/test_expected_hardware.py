@@ -5,9 +5,11 @@ The README's scenario table states these decisions."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pynvml
+import pytest
 from daemon_support import SimulatedDaemon, simulated_daemon
 from gpu_history import gpu, record
 
@@ -16,6 +18,7 @@ from gpuwatchd.checks.gpu_lost import GpuLostConfig, KnownGpu
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.history import History
 from gpuwatchd.model import Health, Severity
+from gpuwatchd.sim.scenario import ScenarioError, parse
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.store import Store
 
@@ -153,3 +156,23 @@ def test_without_a_record_or_a_count_nothing_is_missing() -> None:
     assert gpu_lost.run(history, 0.0, GpuLostConfig(expected_gpus=0)).findings == ()
     [finding] = gpu_lost.run(history, 0.0, GpuLostConfig(expected_gpus=2)).findings
     assert finding.code == "gpu_missing" and finding.evidence["missing"] == "unknown"
+
+
+# -- the scenario kinds ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "problem"),
+    [
+        ("{at: 10s, kind: gpu_missing, gpu: 1}", "from boot"),
+        ("{at: 10s, kind: nvlink_inactive, gpu: 1}", "from boot"),
+        ("{at: 0s, kind: gpu_missing}", "either gpu"),
+        ("{at: 0s, kind: gpu_missing, gpu: 1, count: 2}", "either gpu"),
+        ("{at: 0s, kind: gpu_missing, count: 9}", "count must be 1-8"),
+        ("{at: 0s, kind: nvlink_inactive, gpu: 1, link: 4}", "link 4 out of range"),
+        ("{at: 0s, kind: nvlink_inactive}", "missing field(s) gpu"),
+    ],
+)
+def test_boot_time_kinds_reject_what_they_cannot_mean(fault: str, problem: str) -> None:
+    with pytest.raises(ScenarioError, match=re.escape(problem)):
+        parse(EIGHT_GPUS + f"faults: [{fault}]\n")

@@ -5,11 +5,19 @@ and BER. Every test drives the fake libnvidia-ml, never our reader."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 import pytest
+from daemon_support import simulated_daemon
+from metrics_support import promtool_check
 from nvml_support import B200, simulated_node
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatchd.model import Severity
 from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION, encode_ber
+from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources.nvml import LINK_REPROBE_POLLS
 
 R550 = "550.54.15"
@@ -180,3 +188,48 @@ def test_a_link_refusing_its_state_at_discovery_hides_none_of_the_links_after_it
         links = node.gpu_at(10).nvlinks
         assert [link.link for link in links] == [0, 1, *range(3, 18)]
         assert all(set(link.errors) == HOPPER_KINDS for link in links)
+
+
+def test_b200_exports_nvlink5_error_types_and_ber(tmp_path: Path) -> None:
+    scenario = (
+        'node: {gpus: 1, model: "NVIDIA B200", hcas: 0}\n'
+        "faults: [{at: 0s, kind: nvlink_crc_storm, gpu: 0, link: 4, rate: 2/s}]\n"
+    )
+    with simulated_daemon(scenario, tmp_path) as sim:
+        sim.run_until(30)
+        text = generate_latest(sim.daemon.registry).decode()
+    assert promtool_check(text)[0] == 0
+    families = {family.name: family.samples for family in text_string_to_metric_families(text)}
+    types = {sample.labels["type"] for sample in families["gpuwatchd_nvlink_errors"]}
+    assert types == {
+        "effective_errors",
+        "recovery",
+        "recovery_failed",
+        "malformed_packets",
+        "link_integrity",
+    }
+    ber = {(s.labels["link"], s.labels["type"]): s.value for s in families["gpuwatchd_nvlink_ber"]}
+    assert len(ber) == 18 * 2
+    assert ber["4", "effective"] == pytest.approx(5e-12) and ber["0", "effective"] == 0.0
+
+
+def test_b200_effective_errors_1_per_second_for_3_minutes_are_critical(tmp_path: Path) -> None:
+    scenario = (
+        'node: {gpus: 2, model: "NVIDIA B200", hcas: 0}\n'
+        "faults: [{at: 10s, kind: nvlink_crc_storm, gpu: 1, link: 3, rate: 1/s}]\n"
+    )
+    with simulated_daemon(scenario, tmp_path) as sim:
+        early = sim.run_until(20)
+        late = sim.run_until(200)
+        quarantined = sim.run_until(320)
+
+    def codes(snapshot: Snapshot) -> set[tuple[str, str, Severity]]:
+        return {(f.subject, f.code, f.severity) for f in snapshot.findings}
+
+    # 2.5e-12 post-FEC: over DCGM's 1e-12 BER at once, and a storm after 3 windows.
+    assert codes(early) == {
+        ("nvlink:1/3", "nvlink_effective_ber", Severity.CRITICAL),
+        ("nvlink:1/3", "nvlink_effective_errors", Severity.WARN),
+    }
+    assert ("nvlink:1/3", "nvlink_effective_storm", Severity.CRITICAL) in codes(late)
+    assert {q.subject for q in quarantined.quarantines} == {"nvlink:1/3", "node"}
