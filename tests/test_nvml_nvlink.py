@@ -5,13 +5,14 @@ and BER. Every test drives the fake libnvidia-ml, never our reader."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pynvml
 import pytest
 from daemon_support import simulated_daemon
 from metrics_support import promtool_check
-from nvml_support import B200, simulated_node
+from nvml_support import B200, SimulatedNode, simulated_node
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -103,12 +104,17 @@ def test_h100_on_r550_reads_per_link_counters_through_the_error_counter_call() -
         assert all(link.errors["crc_flit"] == 0 for link in links if link.link != 7)
 
 
-def test_h100_on_r550_never_puts_the_scoped_fields_device_total_on_every_link() -> None:
-    with simulated_node(
+def without_the_error_counter(driver_version: str) -> AbstractContextManager[SimulatedNode]:
+    """An H100 node storming on link 7 whose driver lacks nvmlDeviceGetNvLinkErrorCounter."""
+    return simulated_node(
         STORM_ON_LINK_7,
-        driver_version=R550,
+        driver_version=driver_version,
         before_start=lambda fake: fake.remove_function("nvmlDeviceGetNvLinkErrorCounter"),
-    ) as node:
+    )
+
+
+def test_h100_on_r550_never_puts_the_scoped_fields_device_total_on_every_link() -> None:
+    with without_the_error_counter(R550) as node:
         links = node.gpu_at(60).nvlinks
         # The driver answers the scoped field of link 3 with the whole device's count...
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -122,11 +128,7 @@ def test_h100_on_r550_never_puts_the_scoped_fields_device_total_on_every_link() 
 
 
 def test_h100_on_r575_without_the_error_counter_reads_the_scoped_fields_per_link() -> None:
-    with simulated_node(
-        STORM_ON_LINK_7,
-        driver_version=R575,
-        before_start=lambda fake: fake.remove_function("nvmlDeviceGetNvLinkErrorCounter"),
-    ) as node:
+    with without_the_error_counter(R575) as node:
         links = node.gpu_at(60).nvlinks
         assert links[7].errors["crc_flit"] >= 5000
         assert all(
