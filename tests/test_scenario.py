@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.sim import scenario
-from gpuwatchd.sim.scenario import FAULT_FIELDS, ScenarioError, parse
+from gpuwatchd.sim.scenario import FAULT_FIELDS, FROM_BOOT, ScenarioError, parse
 from gpuwatchd.units import parse_duration, parse_rate
 
 CONTRACT_EXAMPLE = """
@@ -82,7 +82,8 @@ def test_the_second_fault_is_named_by_its_position() -> None:
 def test_every_kind_is_accepted_with_its_required_fields() -> None:
     values = {"gpu": 0, "link": 0, "rate": "1/s", "hca": "mlx5_0", "port": 1, "code": 79}
     for kind, (required, _) in FAULT_FIELDS.items():
-        fault = {"at": "1s", "kind": kind, **{name: values[name] for name in required}}
+        at = "0s" if kind in FROM_BOOT else "1s"
+        fault = {"at": at, "kind": kind, **{name: values[name] for name in required}}
         assert parse(f"faults: [{fault}]".replace("'", '"')).faults[0].kind == kind
 
 

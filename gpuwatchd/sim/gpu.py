@@ -502,7 +502,7 @@ def _present(scenario: Scenario) -> tuple[int, ...]:
         if fault.gpu is not None:
             missing.add(fault.gpu)
         else:
-            missing.update(range(scenario.node.gpus - (fault.count or 0), scenario.node.gpus))
+            missing.update(range(scenario.node.gpus - (fault.count or 1), scenario.node.gpus))
     return tuple(index for index in range(scenario.node.gpus) if index not in missing)
 
 

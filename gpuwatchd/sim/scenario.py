@@ -10,8 +10,8 @@ The format is a contract that users and tests write to:
 
 `at` and `for` are durations; without `for` a fault lasts to the end; `rate`
 is `N/s`, `N/min` or `N/h`. `nvlink_inactive` (links never up: `link`, or every
-link of the GPU) and `gpu_missing` (`gpu`, or the last `count` GPUs, not
-enumerated by NVML) describe the node from boot and start at 0s. A file with
+link of the GPU) and `gpu_missing` (`gpu`, or the last `count` GPUs, one
+without either, not enumerated by NVML) describe the node from boot and start at 0s. A file with
 an unknown kind, a missing field or an index out of range is rejected with a
 message that names the fault.
 """
@@ -213,7 +213,7 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
     if fault.kind in FROM_BOOT and fault.at != 0:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
-    if fault.kind == "gpu_missing" and (fault.gpu is None) == (fault.count is None):
+    if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
     if fault.count is not None and not 0 < fault.count <= node.gpus:
         raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
