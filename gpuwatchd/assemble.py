@@ -19,6 +19,7 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
 from gpuwatchd.sources.infiniband import InfinibandSource
@@ -89,7 +90,23 @@ def simulate(
     """A simulated node installed under nvidia-ml-py, and the config that reads it."""
     node = SimulatedNode(scenario, sysfs_root, clock.now()).install()
     infiniband = replace(config.sources.infiniband, sysfs_root=str(sysfs_root))
-    return replace(config, sources=replace(config.sources, infiniband=infiniband)), node
+    config = replace(config, sources=replace(config.sources, infiniband=infiniband))
+    return _expecting_the_scenario_node(config, scenario), node
+
+
+def _expecting_the_scenario_node(config: Config, scenario: scenarios.Scenario) -> Config:
+    """The scenario's node shape is what its hardware should have (faults such
+    as `gpu_missing` and `nvlink_inactive` take from it); unless configured,
+    expect that many GPUs and NVLinks, not what the first start or the model says."""
+    checks = config.checks
+    if checks.gpu_lost.expected_gpus is None:
+        gpus = replace(checks.gpu_lost, expected_gpus=scenario.node.gpus)
+        checks = replace(checks, gpu_lost=gpus)
+    if checks.nvlink.expected_links is None:
+        count = min(scenario.node.nvlinks, spec_for(scenario.node.model).nvlinks)
+        links = replace(checks.nvlink, expected_links=count)
+        checks = replace(checks, nvlink=links)
+    return replace(config, checks=checks)
 
 
 def build_daemon(

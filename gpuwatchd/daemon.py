@@ -18,13 +18,13 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from prometheus_client import CollectorRegistry, Histogram
 
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
-from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks import CheckOutput, gpu_lost
 from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
@@ -104,6 +104,7 @@ class Daemon:
         for reading in self.store.last_readings(now, max_age=config.daemon.history):
             self.history.record(reading)
         self.state: PolicyState = self.store.load_state()
+        self._known_gpus = self._load_known_gpus()
         self.actions = Actions(
             config.actions,
             self.store,
@@ -140,9 +141,30 @@ class Daemon:
             log.exception("source %s failed", source.name)
             return Reading(source=source.name, time=now, error=f"{type(error).__name__}: {error}")
 
+    def _load_known_gpus(self) -> tuple[gpu_lost.KnownGpu, ...]:
+        try:
+            return gpu_lost.decode_known(self.store.fact(gpu_lost.KNOWN_GPUS_FACT))
+        except StoreError as error:
+            log.error("%s; the GPUs of the first healthy start are learned again", error)
+            return ()
+
+    def _learn_gpus(self, readings: tuple[Reading, ...], now: float) -> None:
+        """Record the GPUs of a healthy poll: the expectation when none is
+        configured, and the names of the missing GPUs either way."""
+        gpus = [gpu for r in readings if r.error is None for gpu in r.gpus or ()]
+        learned = gpu_lost.known_after(self._known_gpus, gpus)
+        if learned is None:
+            return
+        log.info("expecting %d GPU(s) from now on, as this healthy poll read", len(learned))
+        self._known_gpus = learned
+        data = [asdict(gpu) for gpu in learned]
+        self._write(lambda: self.store.record_fact(gpu_lost.KNOWN_GPUS_FACT, data, now))
+
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
-        checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
+        self._learn_gpus(readings, now)
+        inputs = CheckInputs(self.history, now, boots, self._known_gpus)
+        checked = run_all(inputs, self.config.checks)
         gathered = _gathered(readings, now, self._polls)
         canary = self._poll_canary(now, gathered.gpus)
         if canary is not None:

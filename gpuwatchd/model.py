@@ -38,8 +38,23 @@ THROTTLE_REASONS: tuple[str, ...] = (
     "reliability",
 )
 
-# NVLink error counters, under the label values of gpuwatchd_nvlink_errors_total{type}.
-NVLINK_ERROR_TYPES: tuple[str, ...] = ("crc_flit", "crc_data", "replay", "recovery", "ecc_data")
+# NVLink error counters, under the label values of gpuwatchd_nvlink_errors_total{type}:
+# the data-link-layer counters of NVLink 2-4, then NVLink5's (Blackwell) counters,
+# which have other meanings (effective errors are what FEC left) and get their own names.
+NVLINK_ERROR_TYPES: tuple[str, ...] = (
+    "crc_flit",
+    "crc_data",
+    "replay",
+    "recovery",
+    "ecc_data",
+    "effective_errors",
+    "recovery_failed",
+    "malformed_packets",
+    "link_integrity",
+)
+# NVLink5 bit error rates (gauges, not counters), under gpuwatchd_nvlink_ber{type}:
+# "effective" (after FEC) and "symbol".
+NVLINK_BER_TYPES: tuple[str, ...] = ("effective", "symbol")
 
 ECC_TYPES: tuple[str, ...] = ("corrected", "uncorrected")
 ECC_SCOPES: tuple[str, ...] = ("volatile", "aggregate")
@@ -76,6 +91,7 @@ class LinkSample:
     errors: Mapping[str, int] = field(
         default_factory=dict
     )  # NVLINK_ERROR_TYPES -> cumulative count
+    ber: Mapping[str, float] = field(default_factory=dict)  # NVLINK_BER_TYPES -> errors per bit
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Owns quarantines, the append-only journal (findings raised and cleared, health
 changes, decisions, what the actions did), the policy state, the boots seen
 and the XIDs of each, the last sample of every GPU and port (so that rates
-are right across a restart) and the webhook outbox: events written in the
+are right across a restart), facts learned about the node (its GPUs at the
+first healthy start) and the webhook outbox: events written in the
 same transaction as the decisions they report, delivered in order per
 webhook by the senders in `gpuwatchd.actions.webhook`. Every write is one
 transaction with `synchronous=FULL`: a process killed at any moment,
@@ -135,6 +136,15 @@ MIGRATIONS: tuple[str, ...] = (
         since REAL NOT NULL,
         severity TEXT NOT NULL,
         PRIMARY KEY (webhook, alert)
+    );
+    """,
+    # Facts learned about the node that later runs compare against (the GPUs
+    # of its first healthy start), one JSON document per key.
+    """
+    CREATE TABLE facts (
+        key TEXT PRIMARY KEY,
+        time REAL NOT NULL,
+        data TEXT NOT NULL
     );
     """,
 )
@@ -500,6 +510,22 @@ class Store:
                 for row in xids
             ),
         )
+
+    # --- facts learned about the node ----------------------------------------------
+
+    def fact(self, key: str) -> Any:
+        """The JSON value recorded under `key`, or None."""
+        with self._reading() as db:
+            row = db.execute("SELECT data FROM facts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row["data"])
+
+    def record_fact(self, key: str, value: Any, now: float) -> None:
+        with self._writing() as db:
+            db.execute(
+                "INSERT INTO facts (key, time, data) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET time = excluded.time, data = excluded.data",
+                (key, now, json.dumps(value, sort_keys=True)),
+            )
 
     # --- samples across restarts --------------------------------------------------
 
@@ -881,7 +907,8 @@ def _encode_gpu(sample: GpuSample) -> dict[str, Any]:
     data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
     data["retired_pages"] = dict(sample.retired_pages)
     data["nvlinks"] = [
-        {"link": link.link, "up": link.up, "errors": dict(link.errors)} for link in sample.nvlinks
+        {"link": link.link, "up": link.up, "errors": dict(link.errors), "ber": dict(link.ber)}
+        for link in sample.nvlinks
     ]
     data["xid_counts"] = [[code, n] for code, n in sample.xid_counts.items()]
     return data
@@ -892,7 +919,13 @@ def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
     values = {key: value for key, value in data.items() if key in known}
     values["ecc_errors"] = {(kind, scope): n for kind, scope, n in data.get("ecc_errors", ())}
     values["nvlinks"] = tuple(
-        LinkSample(gpu=data["index"], link=link["link"], up=link["up"], errors=link["errors"])
+        LinkSample(
+            gpu=data["index"],
+            link=link["link"],
+            up=link["up"],
+            errors=link["errors"],
+            ber=link.get("ber", {}),
+        )
         for link in data.get("nvlinks", ())
     )
     values["xid_counts"] = {int(code): n for code, n in data.get("xid_counts", ())}

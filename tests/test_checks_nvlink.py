@@ -1,5 +1,6 @@
 """NVLink check: storms over consecutive windows, single bursts, replays and
-recoveries, links that went down, counter resets."""
+recoveries, links that went down, counter resets, NVLink5's effective errors
+and BER, and links short of the expected count."""
 
 from __future__ import annotations
 
@@ -126,3 +127,134 @@ def test_a_lost_gpu_has_no_link_findings() -> None:
 def test_a_config_with_an_unknown_family_is_rejected() -> None:
     with pytest.raises(ValueError, match="warn_on_any"):
         NvlinkConfig(warn_on_any=("crc", "gossip"))
+
+
+# -- NVLink5 (Blackwell) -------------------------------------------------------------
+
+
+def test_b200_effective_errors_one_a_second_for_three_minutes_are_critical() -> None:
+    history = links_of(lambda k, n: link(5, n, effective_errors=10 * k if n == 2 else 0))
+    [finding] = findings(history)
+    assert (finding.subject, finding.code, finding.severity) == (
+        "nvlink:5/2",
+        "nvlink_effective_storm",
+        Severity.CRITICAL,
+    )
+    assert not finding.definitive
+
+
+def test_a_single_effective_error_warns() -> None:
+    history = links_of(lambda k, n: link(5, n, effective_errors=int(n == 1 and k == POLLS - 1)))
+    assert [(f.subject, f.code, f.severity) for f in findings(history)] == [
+        ("nvlink:5/1", "nvlink_effective_errors", Severity.WARN)
+    ]
+
+
+def test_effective_errors_are_not_judged_with_the_crc_tolerance() -> None:
+    # 50/s is far under CRC's 100/s, and a fault for NVLink5 (review 2.6, DCGM).
+    history = links_of(lambda k, n: link(5, n, effective_errors=500 * k if n == 0 else 0))
+    assert [f.code for f in findings(history)] == ["nvlink_effective_storm"]
+
+
+def test_recovery_failures_and_malformed_packets_warn() -> None:
+    last = POLLS - 1
+    history = links_of(
+        lambda k, n: link(
+            5,
+            n,
+            recovery_failed=int(n == 0 and k == last),
+            malformed_packets=int(n == 1 and k == last),
+        )
+    )
+    assert sorted((f.subject, f.code) for f in findings(history)) == [
+        ("nvlink:5/0", "nvlink_recovery_errors"),
+        ("nvlink:5/1", "nvlink_packet_errors"),
+    ]
+
+
+@pytest.mark.parametrize(("ber", "critical"), [(0.0, False), (1e-12, False), (2e-12, True)])
+def test_effective_ber_over_dcgm_limit_is_critical(ber: float, critical: bool) -> None:
+    def make(k: int, n: int) -> LinkSample:
+        return LinkSample(5, n, True, {"effective_errors": 0}, {"effective": ber if n == 0 else 0})
+
+    codes = [(f.subject, f.code, f.severity) for f in findings(links_of(make))]
+    assert codes == (
+        [("nvlink:5/0", "nvlink_effective_ber", Severity.CRITICAL)] if critical else []
+    )
+
+
+# -- replays -------------------------------------------------------------------------------
+
+
+def test_a_replay_every_minute_for_three_minutes_is_a_replay_storm() -> None:
+    history = links_of(lambda k, n: link(5, n, replay=k // 6 if n == 3 else 0))
+    assert [(f.code, f.severity) for f in findings(history)] == [
+        ("nvlink_replay_storm", Severity.CRITICAL)
+    ]
+
+
+# -- expected links -------------------------------------------------------------------------
+
+
+def model_links(
+    model: str | None, up: Callable[[int, int], bool | None], count: int = 18
+) -> History:
+    """GPU 5 of `model` reporting `count` links; poll k, link n is up(k, n)."""
+
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        links = tuple(link(5, n, up=up(k, n)) for n in range(count))
+        return [gpu(5, name=model, nvlinks=links)]
+
+    return timeline(POLLS, gpus_at)
+
+
+def test_a_b200_whose_links_never_came_up_is_critical_on_the_gpu() -> None:
+    [finding] = findings(model_links("NVIDIA B200", lambda k, n: False))
+    assert (finding.subject, finding.code, finding.severity) == (
+        "gpu:5",
+        "nvlink_missing",
+        Severity.CRITICAL,
+    )
+    assert not finding.definitive
+    assert finding.evidence["up"] == 0 and finding.evidence["expected"] == 18
+    assert "0 of 18" in finding.message
+
+
+def test_one_link_never_up_is_named() -> None:
+    [finding] = findings(model_links("NVIDIA H100 80GB HBM3", lambda k, n: n != 11))
+    assert finding.code == "nvlink_missing"
+    assert finding.evidence["never_up"] == "11"
+
+
+def test_an_h100_reporting_only_12_links_is_short_of_its_18() -> None:
+    [finding] = findings(model_links("NVIDIA H100 80GB HBM3", lambda k, n: True, count=12))
+    assert finding.code == "nvlink_missing" and finding.evidence["up"] == 12
+
+
+def test_links_unread_in_one_poll_are_not_missing() -> None:
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        links = () if k == POLLS - 1 else tuple(link(5, n) for n in range(18))
+        return [gpu(5, name="NVIDIA H100 80GB HBM3", nvlinks=links)]
+
+    assert findings(timeline(POLLS, gpus_at)) == []
+
+
+def test_links_of_unknown_state_are_not_missing() -> None:
+    assert findings(model_links("NVIDIA H100 80GB HBM3", lambda k, n: None)) == []
+
+
+def test_a_link_down_after_being_up_is_nvlink_down_only() -> None:
+    history = model_links("NVIDIA A100-SXM4-80GB", lambda k, n: not (n == 4 and k > 12), count=12)
+    assert [(f.subject, f.code) for f in findings(history)] == [("nvlink:5/4", "nvlink_down")]
+
+
+def test_a_model_not_listed_has_no_link_expectation() -> None:
+    assert findings(model_links("NVIDIA H100 PCIe", lambda k, n: False)) == []
+
+
+def test_configured_expected_links_override_the_model() -> None:
+    history = model_links("NVIDIA H100 PCIe", lambda k, n: n < 2, count=4)
+    config = NvlinkConfig(expected_links=4)
+    [finding] = nvlink.run(history, last_time(POLLS), config).findings
+    assert finding.code == "nvlink_missing" and finding.evidence["never_up"] == "2, 3"
+    assert nvlink.run(history, last_time(POLLS), NvlinkConfig(expected_links=0)).findings == ()

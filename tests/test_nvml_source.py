@@ -89,8 +89,9 @@ def test_a100_reads_nvlink_counters_through_error_counter_without_scoped_fields(
         assert sample.sm_default_application_clock_hertz == 1140e6
         assert len(sample.nvlinks) == 12
         link = sample.nvlinks[11]
-        assert set(link.errors) == {"crc_flit", "crc_data", "replay", "recovery", "ecc_data"}
-        assert link.errors == node.hardware.state(0).links[11].counters
+        dl_counters = {"crc_flit", "crc_data", "replay", "recovery", "ecc_data"}
+        counters = node.hardware.state(0).links[11].counters
+        assert link.errors == {kind: counters[kind] for kind in dl_counters}
         assert link.errors["crc_flit"] >= 6000 and link.errors["crc_data"] >= 1500
         # The A100's driver does not answer the scoped per-link fields.
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -99,7 +100,7 @@ def test_a100_reads_nvlink_counters_through_error_counter_without_scoped_fields(
         assert value.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
-def test_b200_maps_nvlink_count_fields_and_leaves_unmapped_types_absent() -> None:
+def test_b200_reads_nvlink5_counts_under_their_own_names() -> None:
     with simulated_node(
         "[{at: 0s, kind: nvlink_crc_storm, gpu: 1, link: 17, rate: 10/s}]",
         model=B200,
@@ -110,11 +111,12 @@ def test_b200_maps_nvlink_count_fields_and_leaves_unmapped_types_absent() -> Non
         assert sample.power_limit_watts == 1000
         assert len(sample.nvlinks) == 18
         counters = node.hardware.state(1).links[17].counters
+        nvlink5 = ("effective_errors", "recovery", "recovery_failed", "malformed_packets")
         assert sample.nvlinks[17].errors == {
-            "crc_flit": counters["crc_flit"],
-            "recovery": counters["recovery"],
+            kind: counters[kind] for kind in (*nvlink5, "link_integrity")
         }
-        assert sample.nvlinks[17].errors["crc_flit"] >= 1000
+        # Post-FEC errors are not NVLink 4's flit CRC errors: no crc_flit on NVLink5.
+        assert sample.nvlinks[17].errors["effective_errors"] >= 1000
         with pytest.raises(pynvml.NVMLError_NotSupported):
             pynvml.nvmlDeviceGetNvLinkErrorCounter(pynvml.nvmlDeviceGetHandleByIndex(1), 0, 0)
 
@@ -208,12 +210,14 @@ def test_ecc_disabled_leaves_ecc_counts_absent_not_zero() -> None:
 
 
 def test_nvlink_field_refused_per_field_leaves_that_type_absent() -> None:
-    with simulated_node() as node:
+    with simulated_node(model=B200) as node:
         node.fake.fail_field(
-            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_ERROR_NOT_SUPPORTED
+            pynvml.NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS,
+            pynvml.NVML_ERROR_NOT_SUPPORTED,
         )
         sample = node.gpu_at(10)
-        assert all(set(link.errors) == {"crc_flit", "recovery"} for link in sample.nvlinks)
+        kinds = {"effective_errors", "recovery", "recovery_failed", "link_integrity"}
+        assert all(set(link.errors) == kinds for link in sample.nvlinks)
 
 
 def test_gpu_without_nvlinks_reports_none() -> None:

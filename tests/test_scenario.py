@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwatchd.sim import scenario
-from gpuwatchd.sim.scenario import FAULT_FIELDS, ScenarioError, parse
+from gpuwatchd.sim.scenario import FAULT_FIELDS, FROM_BOOT, ScenarioError, parse
 from gpuwatchd.units import parse_duration, parse_rate
 
 CONTRACT_EXAMPLE = """
@@ -91,7 +91,8 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "action": "gpu_reset",
     }
     for kind, (required, _) in FAULT_FIELDS.items():
-        fault = {"at": "1s", "kind": kind, **{name: values[name] for name in required}}
+        at = "0s" if kind in FROM_BOOT else "1s"
+        fault = {"at": at, "kind": kind, **{name: values[name] for name in required}}
         if kind == "nvml_error":
             fault["code"] = "not_supported"
         assert parse(f"faults: [{fault}]".replace("'", '"')).faults[0].kind == kind

@@ -157,17 +157,18 @@ def test_thermal_fault_ramps_up_holds_and_cools() -> None:
 # -- the fake library under nvidia-ml-py --------------------------------------------
 
 
-def test_hopper_answers_scoped_dl_fields_and_refuses_the_per_link_ones(nvml: FakeNvml) -> None:
+def test_hopper_answers_the_error_counter_and_zero_from_the_legacy_fields(
+    nvml: FakeNvml,
+) -> None:
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    scoped = field(handle, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 17)
-    assert scoped.nvmlReturn == pynvml.NVML_SUCCESS
-    assert scoped.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-    per_link = field(handle, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0)
-    assert per_link.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
-    beyond = field(handle, pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 18)
-    assert beyond.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    crc = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 17, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+    assert crc == 0
+    legacy = field(handle, pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0)
+    assert (legacy.nvmlReturn, legacy.value.ullVal) == (pynvml.NVML_SUCCESS, 0)
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+        pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 18, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
 
 
 def test_ampere_answers_per_link_fields_and_the_error_counter() -> None:

@@ -57,7 +57,7 @@ def test_full_node_exports_every_family_for_8_gpus_18_links_and_8_hcas(tmp_path:
     for name, count in GPU_FAMILIES.items():
         assert name in families, f"{name} missing"
         assert len(families[name]) == count, f"{name}: {len(families[name])} series"
-    # Hopper reports CRC, replay and recovery per link through scoped field values.
+    # Hopper reports CRC, replay and recovery per link through nvmlDeviceGetNvLinkErrorCounter.
     link_types = {labels["type"] for _, labels, _ in families["gpuwatchd_nvlink_errors"]}
     assert link_types == {"crc_flit", "replay", "recovery"}
     assert len(families["gpuwatchd_nvlink_errors"]) == 8 * 18 * 3

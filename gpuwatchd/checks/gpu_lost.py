@@ -1,4 +1,5 @@
-"""GPU-lost check: a GPU that fell off the bus, and what that means for the node.
+"""GPU-lost check: a GPU that fell off the bus or is missing, and what that
+means for the node.
 
 Reads the latest sample of every GPU; `up` is False for a GPU NVML reports as
 lost. That GPU is critical and definitive (it will not come back without a
@@ -12,12 +13,19 @@ TIMEOUT) is critical once that has held for policy's `confirm_for`, since no
 fault on it could be seen; one whose XID events are not being received (the
 event wait keeps failing) warns, since faults the driver announces would be
 missed.
+
+A node on which NVML enumerates fewer GPUs than expected (`expected_gpus`,
+or the GPUs of its first healthy start, which the daemon records in the
+state database) is critical on the node, `gpu_missing`, naming the GPUs
+recorded then that are not there now. It is not definitive: a GPU that did
+not come up at boot may after a reboot, and the finding clears when it is back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import NODE, gpu_subject
@@ -33,9 +41,57 @@ class GpuLostConfig:
     # whole node, so it is drained with the GPU. Turn off where single GPUs are
     # scheduled and a lost one may wait for the next maintenance window.
     node_finding: bool = True
+    # GPUs NVML must enumerate. None: as many as at the node's first healthy
+    # start (every GPU answering), recorded in the state database (which also
+    # names the missing ones); 0: not checked.
+    expected_gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.expected_gpus is not None and self.expected_gpus < 0:
+            raise ValueError("expected_gpus must be 0 or more")
 
 
-def run(history: History, now: float, config: GpuLostConfig) -> CheckOutput:
+@dataclass(frozen=True)
+class KnownGpu:
+    """A GPU the node had at a healthy start, as recorded in the state database."""
+
+    uuid: str
+    pci_bus_id: str | None = None
+
+
+# The state database's key for the GPUs of the node's first healthy start.
+KNOWN_GPUS_FACT = "gpus_at_healthy_start"
+
+
+def known_after(
+    known: Sequence[KnownGpu], gpus: Sequence[GpuSample]
+) -> tuple[KnownGpu, ...] | None:
+    """The GPUs to record after a poll that read `gpus`, or None to keep `known`.
+
+    Only a healthy poll is recorded: some GPUs, every one up and with its UUID.
+    It replaces the record when it has at least as many GPUs and not the same
+    ones (a GPU replaced after an RMA), so the expectation never shrinks.
+    """
+    if not gpus or any(not gpu.up or not gpu.uuid for gpu in gpus) or len(gpus) < len(known):
+        return None
+    learned = tuple(KnownGpu(str(gpu.uuid), gpu.pci_bus_id) for gpu in gpus)
+    return None if set(learned) == set(known) else learned
+
+
+def decode_known(data: Any) -> tuple[KnownGpu, ...]:
+    """The recorded GPUs from their JSON; none from anything else."""
+    if not isinstance(data, list):
+        return ()
+    return tuple(
+        KnownGpu(str(item["uuid"]), item.get("pci_bus_id"))
+        for item in data
+        if isinstance(item, dict) and "uuid" in item
+    )
+
+
+def run(
+    history: History, now: float, config: GpuLostConfig, known: Sequence[KnownGpu] = ()
+) -> CheckOutput:
     lost = [
         sample
         for index in history.gpu_indices()
@@ -68,6 +124,7 @@ def run(history: History, now: float, config: GpuLostConfig) -> CheckOutput:
                 definitive=True,
             )
         )
+    findings.extend(_missing(history, config, known))
     for index in history.gpu_indices():
         sample = history.latest_gpu(index)
         if sample is not None and sample.up:
@@ -94,3 +151,34 @@ def _unwatched(sample: GpuSample) -> Iterator[Finding]:
             severity=Severity.WARN,
             message=f"XID events of GPU {sample.index} are not being received",
         )
+
+
+def _missing(
+    history: History, config: GpuLostConfig, known: Sequence[KnownGpu]
+) -> Iterator[Finding]:
+    expected = len(known) if config.expected_gpus is None else config.expected_gpus
+    latest = [history.gpu(i)[-1] for i in history.gpu_indices() if history.gpu(i)]
+    # The GPUs of the last poll only: older samples (another run's, restored
+    # from the state database) may hold a GPU that is gone now.
+    last_poll = max((time for time, _ in latest), default=None)
+    samples = [sample for time, sample in latest if time == last_poll]
+    # No sample at all is the NVML source's failure (said by its own series),
+    # not evidence that GPUs are gone.
+    if not samples or len(samples) >= expected:
+        return
+    present = {sample.uuid for sample in samples}
+    absent = [gpu for gpu in known if gpu.uuid not in present]
+    named = ", ".join(f"{gpu.uuid} (bus {gpu.pci_bus_id or 'unknown'})" for gpu in absent)
+    yield Finding(
+        subject=NODE,
+        check=NAME,
+        code="gpu_missing",
+        severity=Severity.CRITICAL,
+        message=(
+            f"NVML enumerates {len(samples)} of {expected} expected GPUs"
+            + (f"; missing: {named}" if named else "")
+            + ": reboot the node, and reseat or replace a GPU that stays missing"
+        ),
+        action=Action.REBOOT,
+        evidence={"expected": expected, "present": len(samples), "missing": named or "unknown"},
+    )

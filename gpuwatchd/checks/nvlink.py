@@ -1,11 +1,18 @@
-"""NVLink check: error storms, recoveries and links that went down, per link.
+"""NVLink check: error storms, recoveries, links that went down or never came up.
 
-Reads each GPU's NVLink samples (state and the cumulative CRC flit, CRC data,
-replay, recovery and ECC data counters). Each error family is judged over
-consecutive windows: a rate over its threshold in the latest window (or, for
-replays and recoveries, any increase) warns; over the threshold in every one
-of the last `storm_windows` windows is a storm, critical. A link that was up
-earlier and is down now is critical. Subjects are `nvlink:<gpu>/<link>`.
+Reads each GPU's NVLink samples: state, the cumulative counters (NVLink 2-4's
+CRC flit, CRC data, replay, recovery and ECC data; NVLink5's effective errors,
+recovery events and failures, malformed packets and link integrity errors) and
+NVLink5's effective BER. Each error family is judged over consecutive windows:
+a rate over its threshold in the latest window (or, for the families in
+`warn_on_any`, any increase) warns; over the threshold in every one of the
+last `storm_windows` windows is a storm, critical. An effective BER over its
+limit is critical. A link that was up earlier and is down now is critical on
+the link (`nvlink:<gpu>/<link>`); a GPU with fewer links up than expected, for
+a whole window, is critical on the GPU (`gpu:<index>`), which catches links
+that never came up (gpud issue #1085: a B200 whose links stayed inactive
+after boot). Nothing here is definitive: every finding clears when the link
+behaves, and quarantines only after policy's confirm_for.
 """
 
 from __future__ import annotations
@@ -15,20 +22,46 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import Point, increase_between, link_subject, tail_from, windows
+from gpuwatchd.checks.common import (
+    Point,
+    gpu_subject,
+    increase_between,
+    link_subject,
+    tail_from,
+    windows,
+)
 from gpuwatchd.history import History, series
 from gpuwatchd.model import Action, Finding, GpuSample, LinkSample, Severity
 from gpuwatchd.settings import PerSecond, Seconds
 
 NAME = "nvlink"
 
-# Error families and the NVML counters in each: CRC flit and CRC data errors
-# are one symptom (bit errors on the wire) and share a threshold.
+# Error families and the NVML counters in each. CRC flit and CRC data errors
+# are one symptom (bit errors on the wire) and share a threshold; a failed
+# recovery is a recovery too; NVLink5's malformed packets and local link
+# integrity errors are both packets the link could not deliver whole.
 FAMILIES: dict[str, tuple[str, ...]] = {
     "crc": ("crc_flit", "crc_data"),
     "replay": ("replay",),
-    "recovery": ("recovery",),
+    "recovery": ("recovery", "recovery_failed"),
     "ecc": ("ecc_data",),
+    "effective": ("effective_errors",),
+    "packet": ("malformed_packets", "link_integrity"),
+}
+
+# NVLinks per GPU of the SXM boards, by the name NVML gives them (nvidia-smi
+# -q "Product Name"): each NVLink generation's link count, NVLink 2 (V100) 6,
+# NVLink 3 (A100) 12, NVLink 4 (H100, H200) and NVLink5 (B200) 18. PCIe boards
+# are left out: their links depend on the bridges fitted.
+MODEL_NVLINKS: Mapping[str, int] = {
+    "Tesla V100-SXM2-16GB": 6,
+    "Tesla V100-SXM2-32GB": 6,
+    "Tesla V100-SXM3-32GB": 6,
+    "NVIDIA A100-SXM4-40GB": 12,
+    "NVIDIA A100-SXM4-80GB": 12,
+    "NVIDIA H100 80GB HBM3": 18,
+    "NVIDIA H200": 18,
+    "NVIDIA B200": 18,
 }
 
 
@@ -40,21 +73,33 @@ class NvlinkConfig:
     # single burst (a cable touched, a link retrained once) is not one.
     storm_windows: int = 3
     # DCGM_LIMIT_MAX_NVLINK_CRC_ERROR: "RM has informed us that CRC errors
-    # only matter at rates of 100+ per second" (DCGM's hardware limits).
+    # only matter at rates of 100+ per second" (DCGM's hardware limits; DCGM
+    # fails at it). DCGM also warns at one CRC error a minute below it; we do
+    # not: each such error is replayed, and replays are judged themselves.
     crc_storm_rate: PerSecond = 100.0
-    # ECC data errors are lane errors the link corrected, like CRC errors;
-    # the same 100/s bound applies.
+    # ECC data errors are lane errors the link corrected, like CRC errors; DCGM
+    # does not judge them on NVLink 2-4. Our own choice: CRC's 100/s.
     ecc_storm_rate: PerSecond = 100.0
-    # DCGM fails on any replay increase. RM's bound for PCIe replays is
-    # 8/min (DCGM_LIMIT_MAX_PCIREPLAY_RATE); a link retransmitting at that rate
-    # for every window is failing, not unlucky.
-    replay_storm_rate: PerSecond = 8 / 60
-    # DCGM fails on any recovery increase. A recovery retrains the link; one
-    # every minute, window after window, is a link that keeps dropping.
+    # DCGM fails on any replay (MonitorNVLink4Fields). A replay every minute,
+    # window after window, is a sustained increase: a storm.
+    replay_storm_rate: PerSecond = 1 / 60
+    # DCGM fails on any recovery. A recovery retrains the link; one every
+    # minute, window after window, is a link that keeps dropping.
     recovery_storm_rate: PerSecond = 1 / 60
-    # Families for which any increase in the latest window warns (DCGM treats
-    # any replay or recovery as a fault; CRC and ECC errors are normal at low rates).
-    warn_on_any: tuple[str, ...] = ("replay", "recovery")
+    # NVLink5's errors that FEC did not correct: DCGM fails on an increase of
+    # one in a minute (MonitorNVLink5Fields, DCGM_LIMIT_MAX_NVLINK_ERROR 1).
+    effective_storm_rate: PerSecond = 1 / 60
+    # Malformed packets and link integrity errors: DCGM fails on one a minute.
+    packet_storm_rate: PerSecond = 1 / 60
+    # Families for which any increase in the latest window warns (DCGM fails on
+    # each; CRC and ECC errors are normal at low rates).
+    warn_on_any: tuple[str, ...] = ("replay", "recovery", "effective", "packet")
+    # NVLink5 effective BER above which a link is critical: DCGM's
+    # IsEffectiveBerThresholdExceeded fails above 1e-12.
+    effective_ber_critical: float = 1e-12
+    # NVLinks each GPU must have up. None: the model's count (MODEL_NVLINKS),
+    # no expectation for a model not listed; 0: none expected.
+    expected_links: int | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.warn_on_any) - set(FAMILIES)
@@ -65,10 +110,19 @@ class NvlinkConfig:
         for family in FAMILIES:
             if self.storm_rate(family) <= 0:
                 raise ValueError(f"{family}_storm_rate must be more than 0/s")
+        if self.effective_ber_critical <= 0:
+            raise ValueError("effective_ber_critical must be more than 0")
+        if self.expected_links is not None and self.expected_links < 0:
+            raise ValueError("expected_links must be 0 or more")
 
     def storm_rate(self, family: str) -> float:
         rate: float = getattr(self, f"{family}_storm_rate")
         return rate
+
+    def links_expected(self, model: str | None) -> int | None:
+        if self.expected_links is not None:
+            return self.expected_links
+        return MODEL_NVLINKS.get(model or "")
 
 
 def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
@@ -83,6 +137,8 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
         for link in latest.nvlinks:
             findings.extend(_down(link, samples))
             findings.extend(_errors(link, _link_series(recent, link.link), now, config))
+            findings.extend(_ber(link, config))
+        findings.extend(_missing(latest, samples, now, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -101,13 +157,14 @@ def _link(number: int, sample: GpuSample) -> LinkSample | None:
     return next((link for link in links if link.link == number), None)
 
 
+def _was_up(number: int, samples: Sequence[tuple[float, GpuSample]]) -> bool:
+    return any(before is not None and before.up for _, before in _link_series(samples, number))
+
+
 def _down(link: LinkSample, samples: Sequence[tuple[float, GpuSample]]) -> Iterator[Finding]:
-    if link.up is not False:
-        return
-    # A link that was never seen up may be unconnected by design: only a link
-    # that was up earlier is one that should be up.
-    earlier = _link_series(samples[:-1], link.link)
-    if any(before is not None and before.up for _, before in earlier):
+    # Only a link seen up earlier is judged here, on its own subject; one
+    # never seen up counts against the GPU's expected links (`_missing`).
+    if link.up is False and _was_up(link.link, samples[:-1]):
         yield Finding(
             subject=link_subject(link.gpu, link.link),
             check=NAME,
@@ -186,3 +243,67 @@ def _family_window(
 
 def _error_count(error_type: str, link: LinkSample | None) -> int | None:
     return None if link is None else link.errors.get(error_type)
+
+
+def _ber(link: LinkSample, config: NvlinkConfig) -> Iterator[Finding]:
+    ber = link.ber.get("effective")
+    if ber is None or ber <= config.effective_ber_critical:
+        return
+    yield Finding(
+        subject=link_subject(link.gpu, link.link),
+        check=NAME,
+        code="nvlink_effective_ber",
+        severity=Severity.CRITICAL,
+        message=(
+            f"NVLink {link.link} of GPU {link.gpu}: effective bit error rate {ber:.2g}, "
+            f"over {config.effective_ber_critical:.2g}"
+        ),
+        action=Action.RESET_GPU,
+        evidence={"ber": ber, "threshold": config.effective_ber_critical},
+    )
+
+
+def _shortfall(
+    sample: GpuSample, expected: int, samples: Sequence[tuple[float, GpuSample]]
+) -> tuple[int, list[int]]:
+    """How many links short of `expected` the GPU is in `sample`, and which of
+    its links were never up. A link of unknown state is given the benefit of
+    the doubt; one down after being up is `_down`'s."""
+    accounted = [
+        link.link for link in sample.nvlinks if link.up is not False or _was_up(link.link, samples)
+    ]
+    never_up = [link.link for link in sample.nvlinks if link.link not in accounted]
+    return expected - len(accounted), never_up
+
+
+def _missing(
+    latest: GpuSample,
+    samples: Sequence[tuple[float, GpuSample]],
+    now: float,
+    config: NvlinkConfig,
+) -> Iterator[Finding]:
+    """Fewer links up than expected in every sample of the last window: a
+    one-poll gap (a link state that timed out at the first poll) is not one."""
+    expected = config.links_expected(latest.name)
+    if not expected or not samples or samples[0][0] > now - config.window:
+        return
+    window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.up]
+    short = [_shortfall(sample, expected, samples) for _, sample in window]
+    if not short or min(missing for missing, _ in short) <= 0:
+        return
+    missing, never_up = short[-1]
+    up = expected - missing
+    listed = ", ".join(str(link) for link in never_up) or "none"
+    yield Finding(
+        subject=gpu_subject(latest.index),
+        check=NAME,
+        code="nvlink_missing",
+        severity=Severity.CRITICAL,
+        message=(
+            f"GPU {latest.index} has {up} of {expected} expected NVLinks up (never up: "
+            f"{listed}; not reported by NVML: {max(0, expected - len(latest.nvlinks))}); "
+            "check nvidia-fabricmanager and the NVSwitch fabric, then reset the GPU"
+        ),
+        action=Action.RESET_GPU,
+        evidence={"expected": expected, "up": up, "never_up": listed},
+    )

@@ -39,11 +39,13 @@ class ChecksConfig:
 
 @dataclass(frozen=True)
 class CheckInputs:
-    """What every check may read: the history, the time, and the boots seen."""
+    """What every check may read: the history, the time, the boots seen, and
+    the GPUs of the node's first healthy start."""
 
     history: History
     now: float
     boots: xid.BootRecord
+    known_gpus: tuple[gpu_lost.KnownGpu, ...] = ()
 
 
 Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
@@ -55,7 +57,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
-    (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost)),
+    (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),
     (infiniband.NAME, lambda i, c: infiniband.run(i.history, i.now, c.infiniband)),
 )
 

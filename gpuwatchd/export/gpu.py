@@ -16,6 +16,7 @@ from gpuwatchd.model import (
     ECC_SCOPES,
     ECC_TYPES,
     GPU_RECOVERY_ACTIONS,
+    NVLINK_BER_TYPES,
     NVLINK_ERROR_TYPES,
     THROTTLE_REASONS,
     GpuSample,
@@ -248,7 +249,14 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     )
     errors = CounterMetricFamily(
         "gpuwatchd_nvlink_errors",
-        "NVLink data-link-layer errors by type (CRC flit/data, replay, recovery, ECC data).",
+        "NVLink errors by type: data-link-layer CRC flit/data, replay, recovery, ECC data; "
+        "NVLink5 effective (post-FEC) errors, failed recoveries, malformed packets, "
+        "link integrity errors.",
+        labels=("gpu", "link", "type"),
+    )
+    ber = GaugeMetricFamily(
+        "gpuwatchd_nvlink_ber",
+        "NVLink5 bit error rate as the driver reports it: effective (after FEC) or symbol.",
         labels=("gpu", "link", "type"),
     )
     for gpu in gpus:
@@ -260,8 +268,13 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
                 count = link.errors.get(kind)
                 if count is not None:
                     errors.add_metric([*labels, kind], float(count))
+            for kind in NVLINK_BER_TYPES:
+                rate = link.ber.get(kind)
+                if rate is not None:
+                    ber.add_metric([*labels, kind], rate)
     yield up
     yield errors
+    yield ber
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -15,9 +15,15 @@ with any NVML error on one GPU or all (`fail`, `fail_field`).
 Per generation, as HARDWARE-NOTES.md describes:
 - Volta/Ampere: `nvmlDeviceGetNvLinkErrorCounter` and the per-link `_L<n>`
   field ids answer; the scoped `NVML_FI_DEV_NVLINK_ERROR_DL_*` fields do not.
-- Hopper: the scoped DL fields answer with scope id = link (CRC, replay,
-  recovery); the `_L<n>` fields and the error-counter call are NotSupported.
-- Blackwell: only the `NVML_FI_DEV_NVLINK_COUNT_*` fields answer.
+- Hopper: `nvmlDeviceGetNvLinkErrorCounter` answers CRC flit, replay and
+  recovery per link (what nvidia-smi, DCGM, gpud and DataDog read); the
+  legacy `_L<n>`/`_TOTAL` fields answer success with zero (DataDog PR
+  #55966); the scoped DL fields answer per link from R575 on and with the
+  device total, whatever the scope, before it (see `_scoped_dl`).
+- Blackwell: only the `NVML_FI_DEV_NVLINK_COUNT_*` fields answer; older
+  GPUs answer them INVALID_ARGUMENT (DataDog's NVLink collector).
+- Per link, `fail_link` and `fail_field(..., scope=link)` make one link
+  refuse one call or field.
 - Ampere and newer report remapped rows, older GPUs retired pages.
 - A driver from R580 on answers `nvmlDeviceGetViolationStatus` with
   `NVML_ERROR_DEPRECATED`; the perf-policy field values answer on every driver.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -107,16 +114,38 @@ _LANE_FIELDS: dict[int, tuple[str, int]] = {
     for link in range(12)
     if hasattr(pynvml, f"{prefix}{link}")
 }
-_HOPPER_LINK_FIELDS = {
+# The legacy per-link and total fields, which Hopper answers with zero.
+_LEGACY_LINK_FIELDS = frozenset(_LANE_FIELDS) | {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_TOTAL")
+    for kind in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY", "ECC_DATA")
+}
+# nvmlDeviceGetNvLinkErrorCounter's counters on Hopper: those nvidia-smi
+# `nvlink -e` and gpud read there. Whether a Hopper driver answers the data CRC
+# and data ECC counters is not known here; they are refused.
+_HOPPER_COUNTERS = frozenset({"crc_flit", "replay", "recovery"})
+_SCOPED_DL_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
     pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
     pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
 }
-_BLACKWELL_LINK_FIELDS = {
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: "crc_flit",
+# nvml.h documents the scoped DL fields as per link ("Link ID needs to be
+# specified in the scopeId field") from NVML 12.9, the R575 driver, on.
+SCOPED_DL_FIELDS_BRANCH = 575
+_NVLINK5_COUNT_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: "effective_errors",
     pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS: "recovery",
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS: "recovery",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: "recovery_failed",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS: "malformed_packets",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS: "link_integrity",
 }
+_NVLINK5_BER_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: "effective",
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: "symbol",
+}
+# Every NVLink5 COUNT field id (201-222, nvml.h): INVALID_ARGUMENT before Blackwell.
+_NVLINK5_FIELD_IDS = range(
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_PACKETS, pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER + 1
+)
 _PERF_POLICY_FIELDS = {
     pynvml.NVML_FI_DEV_PERF_POLICY_POWER: "power",
     pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: "thermal",
@@ -194,6 +223,17 @@ def _driver_branch(version: str) -> int:
     return int(version.split(".", 1)[0])
 
 
+def encode_ber(ber: float) -> int:
+    """An NVLink BER field as nvml.h packs it: mantissa (1-9) in bits 8-11,
+    exponent in bits 0-7, BER = mantissa x 10^-exponent; zero is DCGM's
+    sentinel 15 x 10^-255 (IsEffectiveBerThresholdExceeded)."""
+    if ber <= 0:
+        return 15 << 8 | 255
+    exponent = math.ceil(-math.log10(ber))
+    mantissa = max(1, min(9, round(ber * 10.0**exponent)))
+    return mantissa << 8 | exponent
+
+
 class FakeNvml:
     """A libnvidia-ml stand-in answering from a `SimulatedGpus` model."""
 
@@ -210,7 +250,8 @@ class FakeNvml:
         self.max_wait_s = max_wait_s
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
-        self._field_errors: dict[tuple[int, int | None], int] = {}
+        self._field_errors: dict[tuple[int, int | None, int | None], int] = {}
+        self._link_errors: dict[tuple[str, int | None, int], int] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -276,13 +317,22 @@ class FakeNvml:
         `nvmlEventSetWait_v2` fails for every caller."""
         self._errors[function, gpu] = code
 
-    def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
-        """Make one field id answer `code` in its own nvmlReturn."""
-        self._field_errors[field_id, gpu] = code
+    def fail_field(
+        self, field_id: int, code: int, gpu: int | None = None, scope: int | None = None
+    ) -> None:
+        """Make one field id answer `code` in its own nvmlReturn, on `gpu` and
+        for scope id `scope` (a link) or on all when None."""
+        self._field_errors[field_id, gpu, scope] = code
+
+    def fail_link(self, code: int, function: str, link: int, gpu: int | None = None) -> None:
+        """Make an NVLink function (`nvmlDeviceGetNvLinkState`,
+        `nvmlDeviceGetNvLinkErrorCounter`) return `code` for one link."""
+        self._link_errors[function, gpu, link] = code
 
     def clear_failures(self) -> None:
         self._errors.clear()
         self._field_errors.clear()
+        self._link_errors.clear()
 
     # -- the C entry points ---------------------------------------------------
 
@@ -412,14 +462,18 @@ class FakeNvml:
         return _write_string(buffer, size, self.driver_version)
 
     def _count(self, count: int | None) -> int:
-        return _put(ctypes.c_uint, count, len(self._model.gpus))
+        return _put(ctypes.c_uint, count, len(self._model.present))
 
     def _handle(self, index: int, handle: int | None) -> int:
-        if index >= len(self._model.gpus):
+        # A GPU missing from the bus is not enumerated: NVML numbers the GPUs it
+        # finds (nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex), so the ones
+        # after it move down one index.
+        if index >= len(self._model.present):
             return _INVALID_ARGUMENT
-        if self._state(index).lost:
+        gpu = self._model.present[index]
+        if self._state(gpu).lost:
             return _GPU_IS_LOST
-        return _put(ctypes.c_void_p, handle, _HANDLE_BASE + index)
+        return _put(ctypes.c_void_p, handle, _HANDLE_BASE + gpu)
 
     # -- identity -------------------------------------------------------------
 
@@ -588,23 +642,74 @@ class FakeNvml:
 
     # -- NVLink ----------------------------------------------------------------
 
+    def _link_error(self, function: str, gpu: int, link: int) -> int | None:
+        configured = self._link_errors.get((function, gpu, link))
+        return self._link_errors.get((function, None, link)) if configured is None else configured
+
     def _nvlink_state(self, gpu: int, link: int, value: int | None) -> int:
         if link >= pynvml.NVML_NVLINK_MAX_LINKS:
             return _INVALID_ARGUMENT
         links = self._state(gpu).links
         if link >= len(links):
             return _NOT_SUPPORTED
+        error = self._link_error("nvmlDeviceGetNvLinkState", gpu, link)
+        if error is not None:
+            return error
         return _put(ctypes.c_uint, value, int(links[link].active))
 
     def _nvlink_counter(self, gpu: int, link: int, counter: int, value: int | None) -> int:
         spec, links = self._gpu(gpu).spec, self._state(gpu).links
-        if spec.at_least("hopper") or link >= len(links):
+        # Blackwell removed the call (HARDWARE-NOTES; nvml.h points to the COUNT fields).
+        if spec.at_least("blackwell") or link >= len(links):
             return _NOT_SUPPORTED
+        error = self._link_error("nvmlDeviceGetNvLinkErrorCounter", gpu, link)
+        if error is not None:
+            return error
         kind = _ERROR_COUNTERS.get(counter)
+        if kind is None or (spec.at_least("hopper") and kind not in _HOPPER_COUNTERS):
+            return _NOT_SUPPORTED
         # NVLink 2 (Volta) has no data ECC; NVLink 3 (Ampere) added it.
-        if kind is None or (kind == "ecc_data" and not spec.at_least("ampere")):
+        if kind == "ecc_data" and not spec.at_least("ampere"):
             return _NOT_SUPPORTED
         return _put(ctypes.c_ulonglong, value, links[link].counters[kind])
+
+    def _link_field(self, gpu: int, field_id: int, scope: int) -> tuple[int, int] | int | None:
+        """An NVLink field's answer, or None when `field_id` is no NVLink field."""
+        state, spec = self._state(gpu), self._gpu(gpu).spec
+        if field_id in _NVLINK5_FIELD_IDS and not spec.at_least("blackwell"):
+            return _INVALID_ARGUMENT
+        if field_id in _NVLINK5_COUNT_FIELDS or field_id in _NVLINK5_BER_FIELDS:
+            if scope >= len(state.links):
+                return _INVALID_ARGUMENT
+            link = state.links[scope]
+            if field_id in _NVLINK5_BER_FIELDS:
+                return _ULL_TYPE, encode_ber(link.ber[_NVLINK5_BER_FIELDS[field_id]])
+            return _ULL_TYPE, link.counters[_NVLINK5_COUNT_FIELDS[field_id]]
+        if field_id in _SCOPED_DL_FIELDS:
+            return self._scoped_dl(gpu, _SCOPED_DL_FIELDS[field_id], scope)
+        if field_id in _LEGACY_LINK_FIELDS:
+            if spec.architecture == "hopper":
+                return _ULL_TYPE, 0
+            if field_id in _LANE_FIELDS and not spec.at_least("hopper"):
+                kind, number = _LANE_FIELDS[field_id]
+                if number < len(state.links):
+                    return _ULL_TYPE, state.links[number].counters[kind]
+            return _NOT_SUPPORTED
+        return None
+
+    def _scoped_dl(self, gpu: int, kind: str, scope: int) -> tuple[int, int] | int:
+        """Hopper's DL fields. Before R575 nvml.h says nothing of a link in the
+        scope id and DCGM reads these fields with scope 0 as the device "Total"
+        (DCGM_FI_DEV_NVLINK_CRC_ERROR_TOTAL): such a driver answers the
+        device's total whatever the scope."""
+        links = self._state(gpu).links
+        if self._gpu(gpu).spec.architecture != "hopper":
+            return _NOT_SUPPORTED
+        if _driver_branch(self.driver_version) < SCOPED_DL_FIELDS_BRANCH:
+            return _ULL_TYPE, sum(link.counters[kind] for link in links)
+        if scope >= len(links):
+            return _INVALID_ARGUMENT
+        return _ULL_TYPE, links[scope].counters[kind]
 
     # -- field values ------------------------------------------------------------
 
@@ -629,12 +734,14 @@ class FakeNvml:
         for fault in self._model.nvml_errors(gpu):
             if getattr(pynvml, fault.call or "", None) == field_id and fault.link in (None, scope):
                 return fault.code
-        configured = self._field_errors.get((field_id, gpu))
-        return self._field_errors.get((field_id, None)) if configured is None else configured
+        for key in ((gpu, scope), (gpu, None), (None, scope), (None, None)):
+            if (field_id, *key) in self._field_errors:
+                return self._field_errors[field_id, *key]
+        return None
 
     def _field(self, gpu: int, field_id: int, scope: int) -> tuple[int, int] | int:
         """(value type, value) of one field, or the NVML error it answers."""
-        state, spec = self._state(gpu), self._gpu(gpu).spec
+        state = self._state(gpu)
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, state.memory_temperature_celsius
         if field_id in _PERF_POLICY_FIELDS:
@@ -645,17 +752,8 @@ class FakeNvml:
             if _driver_branch(self.driver_version) < RECOVERY_ACTION_BRANCH:
                 return _NOT_SUPPORTED
             return _UINT_TYPE, state.recovery_action
-        link_fields = {"hopper": _HOPPER_LINK_FIELDS, "blackwell": _BLACKWELL_LINK_FIELDS}
-        scoped = link_fields.get(spec.architecture, {})
-        if field_id in scoped:
-            if scope >= len(state.links):
-                return _INVALID_ARGUMENT
-            return _ULL_TYPE, state.links[scope].counters[scoped[field_id]]
-        if field_id in _LANE_FIELDS and not spec.at_least("hopper"):
-            kind, link = _LANE_FIELDS[field_id]
-            if link < len(state.links):
-                return _ULL_TYPE, state.links[link].counters[kind]
-        return _NOT_SUPPORTED
+        link_answer = self._link_field(gpu, field_id, scope)
+        return _NOT_SUPPORTED if link_answer is None else link_answer
 
     # -- events ----------------------------------------------------------------
 

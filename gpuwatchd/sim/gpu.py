@@ -64,6 +64,8 @@ DEFAULT_CLOCK_DRIFT_RATIO = 0.7
 # thousand bursts is bad enough to retrain (recover) the link.
 CRC_DATA_SHARE = 0.25
 RECOVERY_SHARE = 0.001
+# One NVLink5 link carries 50 GB/s each way (1.8 TB/s over 18 links, both ways).
+NVLINK5_LINK_BITS_PER_S = 400e9
 
 _THERMAL_REASONS = (
     CLOCKS_EVENT_REASONS["sw_thermal_slowdown"]
@@ -207,6 +209,7 @@ class SimulatedGpu:
 class LinkState:
     active: bool
     counters: Mapping[str, int]  # NVLINK_ERROR_TYPES -> cumulative count
+    ber: Mapping[str, float]  # NVLINK_BER_TYPES -> errors per bit (NVLink5)
 
 
 @dataclass(frozen=True)
@@ -480,16 +483,21 @@ class _GpuModel:
     def _link(self, link: int, t: float) -> LinkState:
         storms = self._of("nvlink_crc_storm", link)
         # A healthy link counts no errors at all: every replay is worth a
-        # warning (DCGM fails on any), so the calm node has none.
+        # warning (DCGM fails on any), so the calm node has none. On NVLink5
+        # the storm's errors are those FEC could not correct (effective errors).
         counters = dict.fromkeys(NVLINK_ERROR_TYPES, 0) | {
             "crc_flit": _grown(storms, t),
             "crc_data": _grown(storms, t, CRC_DATA_SHARE),
             "replay": _grown(storms, t),
             "recovery": _grown(storms, t, RECOVERY_SHARE),
+            "effective_errors": _grown(storms, t),
         }
-        return LinkState(
-            active=not _any_active(self._of("nvlink_down", link), t), counters=counters
-        )
+        rate = sum(fault.rate or 0.0 for fault in storms if fault.active(t))
+        # Symbol BER is not modelled: a calm link reports NVML's zero.
+        ber = {"effective": rate / NVLINK5_LINK_BITS_PER_S, "symbol": 0.0}
+        inactive = tuple(f for f in self._of("nvlink_inactive") if f.link is None or f.link == link)
+        down = _any_active(self._of("nvlink_down", link) + inactive, t)
+        return LinkState(active=not down, counters=counters, ber=ber)
 
 
 def _pci_bus_id(index: int) -> str:
@@ -504,6 +512,8 @@ _GPU_FAULT_KINDS = frozenset(
         "clock_drift",
         "nvlink_crc_storm",
         "nvlink_down",
+        "nvlink_inactive",
+        "gpu_missing",
         "ecc_sbe_storm",
         "ecc_uncorrectable",
         "row_remap_pending",
@@ -517,8 +527,23 @@ _GPU_FAULT_KINDS = frozenset(
 )
 
 
+def _present(scenario: Scenario) -> tuple[int, ...]:
+    """The GPUs NVML enumerates, in index order: all but the `gpu_missing` ones.
+    As on a real node, the GPUs after a missing one take lower NVML indices."""
+    missing = set()
+    for fault in scenario.faults_of("gpu_missing"):
+        if fault.gpu is not None:
+            missing.add(fault.gpu)
+        else:
+            missing.update(range(scenario.node.gpus - (fault.count or 1), scenario.node.gpus))
+    return tuple(index for index in range(scenario.node.gpus) if index not in missing)
+
+
 class SimulatedGpus:
     """The GPUs of a simulated node, moved through time by `advance(now)`.
+
+    `gpus` are every GPU of the node by its physical index; `present` those
+    NVML enumerates (its index i is `present[i]`).
 
     `now` is wall time; the scenario's fault times are relative to `start`.
     XIDs are queued for the NVML event sets once the model has advanced past
@@ -545,6 +570,7 @@ class SimulatedGpus:
             _GpuModel(gpu, tuple(f for f in faults if f.gpu == gpu.index), scenario.seed)
             for gpu in self.gpus
         )
+        self.present = _present(scenario)
         self._schedule = sorted(
             (record for model in self._models for record in model.xids()), key=lambda r: r.time
         )

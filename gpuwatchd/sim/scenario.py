@@ -12,6 +12,9 @@ The format is a contract that users and tests write to:
 is `N/s`, `N/min` or `N/h`. A file with an unknown kind, a missing field or an
 index out of range is rejected with a message that names the fault.
 
+`nvlink_inactive` (links never up: `link`, or every link of the GPU) and
+`gpu_missing` (`gpu`, or the last `count` GPUs, one without either, not
+enumerated by NVML) describe the node from boot and start at 0s.
 `nvml_error` makes one NVML call (a function such as
 `nvmlDeviceGetRemappedRows`, or a field such as `NVML_FI_DEV_MEMORY_TEMP`)
 answer an NVML error `code` (`NOT_SUPPORTED`, `TIMEOUT`, `GPU_IS_LOST`... or
@@ -46,6 +49,8 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "clock_drift": (frozenset({"gpu"}), frozenset({"ratio"})),
     "nvlink_crc_storm": (frozenset({"gpu", "link", "rate"}), frozenset()),
     "nvlink_down": (frozenset({"gpu", "link"}), frozenset()),
+    "nvlink_inactive": (frozenset({"gpu"}), frozenset({"link"})),
+    "gpu_missing": (frozenset(), frozenset({"gpu", "count"})),
     "ecc_sbe_storm": (frozenset({"gpu", "rate"}), frozenset()),
     "ecc_uncorrectable": (frozenset({"gpu"}), frozenset({"code"})),
     "row_remap_pending": (frozenset({"gpu"}), frozenset()),
@@ -62,6 +67,8 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+# Kinds that describe the node as it booted: they must start at 0s.
+FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing"})
 
 # NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
 NVML_ERRORS: Mapping[int, str] = {
@@ -118,6 +125,7 @@ class Fault:
     ratio: float | None = None
     mode: str | None = None
     call: str | None = None  # nvml_error: the NVML function or field that fails
+    count: int | None = None
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -200,6 +208,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         ratio=float(raw["ratio"]) if "ratio" in raw else None,
         mode=str(raw["mode"]) if "mode" in raw else None,
         call=str(raw["call"]) if "call" in raw else None,
+        count=_require_int(raw["count"], "count", label) if "count" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -254,6 +263,12 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
     xid_code = fault.kind in ("xid", "ecc_uncorrectable")
     if xid_code and fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.kind in FROM_BOOT and fault.at != 0:
+        raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
+    if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
+        raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
+    if fault.count is not None and not 0 < fault.count <= node.gpus:
+        raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
 
 
 def parse(text: str, name: str = "scenario") -> Scenario:

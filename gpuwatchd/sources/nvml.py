@@ -20,14 +20,17 @@ it answers. A call that answers RESET_REQUIRED marks the GPU as needing a
 reset (`GpuSample.reset_required`): a state to judge, not a value to leave
 out.
 
-Per generation (see HARDWARE-NOTES.md): NVLink counters come from
-`nvmlDeviceGetNvLinkErrorCounter` before Hopper (all five types), from the
-scoped `NVML_FI_DEV_NVLINK_ERROR_DL_*` field values on Hopper (crc_flit from
-DL_CRC, replay, recovery: Hopper has no data CRC or data ECC counter), and
-from `NVML_FI_DEV_NVLINK_COUNT_*` on Blackwell: recovery from
-LINK_RECOVERY_EVENTS, and crc_flit from EFFECTIVE_ERRORS, the errors left
-after NVLink5's FEC, which is what earlier links' flit CRC caught; Blackwell
-has no replay, data CRC or data ECC counterpart, so those stay absent.
+Per generation (see HARDWARE-NOTES.md), NVLink counters come from the first
+of these that answers on any link: NVLink5's `NVML_FI_DEV_NVLINK_COUNT_*`
+fields (Blackwell: effective errors after FEC, recovery events and failures,
+malformed packets, link integrity errors, and the effective and symbol BER),
+under their own names; `nvmlDeviceGetNvLinkErrorCounter` (Pascal to Hopper,
+as nvidia-smi, DCGM and gpud read it); and, only on drivers from R575 on, whose
+nvml.h documents the link as their scope, Hopper's scoped
+`NVML_FI_DEV_NVLINK_ERROR_DL_*` fields. A refusal is the link's own; a link
+discovery or counter probe that gets neither an answer nor "not here" (a
+Timeout, say) is done again at the next poll, and a GPU where no interface
+answers is probed again every `LINK_REPROBE_POLLS` polls.
 Throttle time comes from `nvmlDeviceGetViolationStatus`, or from its
 perf-policy field values where R580 and later deprecate it.
 
@@ -48,7 +51,7 @@ import queue
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -96,6 +99,22 @@ _MILLI = 1e-3
 _NANO = 1e-9
 
 
+# NVLink discovery: codes meaning "no such link" (gpud stops enumerating there
+# too); any other error leaves the discovery open, done again next poll.
+_NO_SUCH_LINK = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
+# NVLink counter probe: codes meaning "this interface is not on this GPU".
+_ABSENT = _PERMANENT_REFUSALS | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
+# A GPU on which no NVLink counter interface answered is probed again after
+# this many polls (10 minutes at the default 10 s poll).
+LINK_REPROBE_POLLS = 60
+# NVLink BER fields (nvml.h NVML_NVLINK_BER_*): mantissa and exponent, and
+# DCGM's zero sentinel (IsEffectiveBerThresholdExceeded: mantissa 15, exponent 255).
+_BER_MANTISSA_SHIFT = 8
+_BER_MANTISSA_MASK = 0xF
+_BER_EXPONENT_MASK = 0xFF
+_BER_ZERO = (15, 255)
+
+
 class _GpuLost(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -109,6 +128,15 @@ def _error_text(code: int) -> str:
 def _binding(name: str) -> Any:
     """`pynvml.<name>`, or None where the installed nvidia-ml-py predates it."""
     return getattr(pynvml, name, None)
+
+
+def _driver_branch(version: str | None) -> int:
+    """The driver's branch ("550.54.15" -> 550); 0 when unknown, which reads
+    nothing that needs a recent driver."""
+    try:
+        return int((version or "").split(".", 1)[0])
+    except ValueError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -214,32 +242,52 @@ class _LinkCounters:
     """One interface through which a GPU reports its NVLink error counters.
 
     `fields`: NVLINK_ERROR_TYPES -> field-value name, asked with scope id = link;
-    `counters`: NVLINK_ERROR_TYPES -> counter of nvmlDeviceGetNvLinkErrorCounter.
+    `ber_fields`: NVLINK_BER_TYPES -> field-value name of an encoded BER, likewise;
+    `counters`: NVLINK_ERROR_TYPES -> counter of nvmlDeviceGetNvLinkErrorCounter;
+    `min_driver_branch`: the first driver branch whose nvml.h documents the
+    interface as it is read here.
     """
 
     name: str
     fields: Mapping[str, str] = field(default_factory=dict)
+    ber_fields: Mapping[str, str] = field(default_factory=dict)
     counters: Mapping[str, int] = field(default_factory=dict)
+    min_driver_branch: int = 0
+
+    def keeping(self, kinds: set[str]) -> _LinkCounters:
+        """This interface with only the kinds the GPU answered."""
+        return replace(
+            self,
+            fields={k: v for k, v in self.fields.items() if k in kinds},
+            ber_fields={k: v for k, v in self.ber_fields.items() if k in kinds},
+            counters={k: v for k, v in self.counters.items() if k in kinds},
+        )
 
 
+# Probed in this order; the first that answers on any link is read on all.
 _LINK_COUNTER_INTERFACES = (
+    # NVLink5 (Blackwell). Its counters mean other things than NVLink 2-4's and
+    # keep their own names: effective errors are those FEC did not correct.
+    # DCGM's MonitorNVLink5Fields judges these (DcgmHealthWatch.cpp). Older
+    # GPUs answer INVALID_ARGUMENT or NOT_SUPPORTED (DataDog's collector).
     _LinkCounters(
-        "scoped NVML_FI_DEV_NVLINK_ERROR_DL_* field values (Hopper)",
+        "NVML_FI_DEV_NVLINK_COUNT_* field values (NVLink5)",
         fields={
-            "crc_flit": "NVML_FI_DEV_NVLINK_ERROR_DL_CRC",
-            "replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
-            "recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY",
-        },
-    ),
-    _LinkCounters(
-        "NVML_FI_DEV_NVLINK_COUNT_* field values (Blackwell)",
-        fields={
-            "crc_flit": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS",
+            "effective_errors": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS",
             "recovery": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS",
+            "recovery_failed": "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS",
+            "malformed_packets": "NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS",
+            "link_integrity": "NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS",
+        },
+        ber_fields={
+            "effective": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER",
+            "symbol": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER",
         },
     ),
+    # Pascal to Hopper: what nvidia-smi, DCGM (DcgmCacheManager.cpp, links 0-17),
+    # gpud (components/accelerator/nvidia/nvlink) and DataDog read per link.
     _LinkCounters(
-        "nvmlDeviceGetNvLinkErrorCounter (before Hopper)",
+        "nvmlDeviceGetNvLinkErrorCounter",
         counters={
             "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
             "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
@@ -247,6 +295,20 @@ _LINK_COUNTER_INTERFACES = (
             "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
             "ecc_data": pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA,
         },
+    ),
+    # Hopper's scoped DL fields, only where the error-counter call does not
+    # answer and only on drivers whose nvml.h says "Link ID needs to be
+    # specified in the scopeId field" (NVML 12.9, R575). Before that DCGM reads
+    # them with scope 0 as the device's "Total": read per link on an older
+    # driver they could put one device total on every link.
+    _LinkCounters(
+        "scoped NVML_FI_DEV_NVLINK_ERROR_DL_* field values",
+        fields={
+            "crc_flit": "NVML_FI_DEV_NVLINK_ERROR_DL_CRC",
+            "replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
+            "recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY",
+        },
+        min_driver_branch=575,
     ),
 )
 _NO_LINK_COUNTERS = _LinkCounters("none")
@@ -313,7 +375,9 @@ class _Gpu:
         self.handle: Any = None
         self.identity: dict[str, str] = {}
         self.links: tuple[int, ...] | None = None
+        self.links_settled = False
         self.link_counters: _LinkCounters | None = None
+        self.polls_since_probe = 0
         self.xid_counts: Counter[int] = Counter()
         self.up = True
 
@@ -532,11 +596,7 @@ def _read_recovery_action(read: _GpuRead, sample: dict[str, Any]) -> None:
 
 
 def _probe_code(call: Callable[[], int]) -> int:
-    """The NVML return code of a probing call.
-
-    GPU_IS_LOST ends the poll of the GPU; an Unknown error leaves the probe
-    undecided, to be repeated at the next poll rather than cached.
-    """
+    """The NVML return code of a probing call; GPU_IS_LOST ends the poll of the GPU."""
     try:
         code = call()
     except pynvml.NVMLError as error:
@@ -554,74 +614,148 @@ def _succeeds(function: str, *args: Any) -> Callable[[], int]:
     return call
 
 
-def _field_answers(gpu: _Gpu, field_name: str, link: int) -> Callable[[], int]:
-    def call() -> int:
-        field_id = (getattr(pynvml, field_name), link)
-        (value,) = pynvml.nvmlDeviceGetFieldValues(gpu.handle, [field_id])
-        return int(value.nvmlReturn)
-
-    return call
-
-
-def _probe_links(gpu: _Gpu) -> tuple[int, ...] | None:
-    """The links this GPU has (those whose state NVML reports); None when undecided."""
-    codes = {
-        link: _probe_code(_succeeds("nvmlDeviceGetNvLinkState", gpu.handle, link))
-        for link in range(pynvml.NVML_NVLINK_MAX_LINKS)
-    }
-    if _UNKNOWN in codes.values():
-        return None
-    links = tuple(link for link, code in codes.items() if code == _SUCCESS)
-    if not links:
-        log.info("GPU %d: NVML reports no NVLinks", gpu.index)
-    return links
-
-
-def _probe_interface(gpu: _Gpu, interface: _LinkCounters, link: int) -> int:
-    if interface.fields:
-        return _probe_code(_field_answers(gpu, next(iter(interface.fields.values())), link))
-    counter = next(iter(interface.counters.values()))
-    return _probe_code(_succeeds("nvmlDeviceGetNvLinkErrorCounter", gpu.handle, link, counter))
-
-
-def _probe_link_counters(gpu: _Gpu, link: int) -> _LinkCounters | None:
-    """The first interface that answers for `link`; None when undecided."""
-    for interface in _LINK_COUNTER_INTERFACES:
-        code = _probe_interface(gpu, interface, link)
-        if code == _UNKNOWN:
-            return None
+def _discover_links(gpu: _Gpu) -> None:
+    """The links this GPU has: those whose state NVML reports. Every index is
+    asked (gpud stops at the first "no such link", which would hide the links
+    after one that refuses). A link that answers anything but its state or
+    "no such link" (a Timeout during the first polls, say) leaves the
+    discovery open, to be done again at the next poll."""
+    links, settled = [], True
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        code = _probe_code(_succeeds("nvmlDeviceGetNvLinkState", gpu.handle, link))
+        if code in _NO_SUCH_LINK:
+            continue
         if code == _SUCCESS:
-            log.info("GPU %d: NVLink error counters through %s", gpu.index, interface.name)
-            return interface
-    log.info("GPU %d: no NVLink error counter interface answers; counters left absent", gpu.index)
+            links.append(link)
+        else:
+            settled = False
+    gpu.links = tuple(links)
+    gpu.links_settled = settled
+    if settled and not links:
+        log.info("GPU %d: NVML reports no NVLinks", gpu.index)
+
+
+def _field_codes(gpu: _Gpu, names: Mapping[str, str], links: Sequence[int]) -> dict[str, set[int]]:
+    """kind -> the return codes of its field on `links`, in one batch."""
+    wanted = [
+        (kind, field_id, link)
+        for kind, name in names.items()
+        if (field_id := getattr(pynvml, name, None)) is not None
+        for link in links
+    ]
+    codes: dict[str, set[int]] = {kind: set() for kind, _, _ in wanted}
+    if not wanted:
+        return codes
+    try:
+        values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, [(f, link) for _, f, link in wanted])
+        answers = [int(value.nvmlReturn) for value in values]
+    except pynvml.NVMLError as error:
+        answers = [int(error.value)] * len(wanted)
+    for (kind, _, _), code in zip(wanted, answers, strict=True):
+        if code == _GPU_IS_LOST:
+            raise _GpuLost(f"probing NVLinks: {_error_text(code)}")
+        codes[kind].add(code)
+    return codes
+
+
+def _counter_codes(
+    gpu: _Gpu, counters: Mapping[str, int], links: Sequence[int]
+) -> dict[str, set[int]]:
+    return {
+        kind: {
+            _probe_code(_succeeds("nvmlDeviceGetNvLinkErrorCounter", gpu.handle, link, counter))
+            for link in links
+        }
+        for kind, counter in counters.items()
+    }
+
+
+def _probe_link_counters(gpu: _Gpu, driver_branch: int) -> _LinkCounters | None:
+    """The first interface that answers on any of the GPU's links, keeping the
+    kinds it answered; None when undecided (some link answered neither yes nor
+    "not here"), so that the next poll asks again."""
+    links = gpu.links or ()
+    for interface in _LINK_COUNTER_INTERFACES:
+        if driver_branch < interface.min_driver_branch:
+            continue
+        codes = _field_codes(gpu, {**interface.fields, **interface.ber_fields}, links)
+        codes |= _counter_codes(gpu, interface.counters, links)
+        answered = {kind for kind, kind_codes in codes.items() if _SUCCESS in kind_codes}
+        if answered:
+            log.info(
+                "GPU %d: NVLink counters through %s (%s)",
+                gpu.index,
+                interface.name,
+                ", ".join(sorted(answered)),
+            )
+            return interface.keeping(answered)
+        if any(code not in _ABSENT for kind_codes in codes.values() for code in kind_codes):
+            return None
+    log.info(
+        "GPU %d: no NVLink error counter interface answers; asking again in %d polls",
+        gpu.index,
+        LINK_REPROBE_POLLS,
+    )
     return _NO_LINK_COUNTERS
+
+
+def _link_counters(gpu: _Gpu, driver_branch: int) -> _LinkCounters:
+    """The GPU's counter interface, probing it while undecided, and again now
+    and then when none answered (a driver that came up late, links that were down)."""
+    gpu.polls_since_probe += 1
+    undecided = gpu.link_counters is None
+    if undecided or (
+        gpu.link_counters is _NO_LINK_COUNTERS and gpu.polls_since_probe >= LINK_REPROBE_POLLS
+    ):
+        gpu.polls_since_probe = 0
+        gpu.link_counters = _probe_link_counters(gpu, driver_branch) if gpu.links else None
+    return gpu.link_counters or _NO_LINK_COUNTERS
+
+
+def _decode_ber(value: float | int) -> float:
+    """An NVLink BER field: mantissa in bits 8-11, exponent in bits 0-7, BER =
+    mantissa x 10^-exponent (nvml.h NVML_NVLINK_ERROR_COUNTER_BER_GET; DCGM's
+    NvmlBerParser). Mantissa 0, and DCGM's sentinel 15 x 10^-255, are zero."""
+    encoded = int(value)
+    mantissa = (encoded >> _BER_MANTISSA_SHIFT) & _BER_MANTISSA_MASK
+    exponent = encoded & _BER_EXPONENT_MASK
+    if mantissa == 0 or (mantissa, exponent) == _BER_ZERO:
+        return 0.0
+    return float(mantissa * 10.0**-exponent)
 
 
 @dataclass(frozen=True)
 class _LinkRead:
     link: int
     up: bool | None
-    errors: dict[str, int]  # filled by the calls, or after the field-value batch
+    # Filled by the calls, or after the field-value batch.
+    errors: dict[str, int]
+    ber: dict[str, float]
 
 
-def _read_links(read: _GpuRead) -> list[_LinkRead]:
+def _read_links(read: _GpuRead, driver_branch: int) -> list[_LinkRead]:
+    """Every link's state and counters. Refusals are the link's own: the
+    subject names the link, so one link refusing a counter leaves the others read."""
     gpu = read.gpu
-    if gpu.links is None:
-        gpu.links = _probe_links(gpu)
-    if gpu.link_counters is None and gpu.links:
-        gpu.link_counters = _probe_link_counters(gpu, gpu.links[0])
-    interface = gpu.link_counters or _NO_LINK_COUNTERS
+    if not gpu.links_settled:
+        _discover_links(gpu)
+    interface = _link_counters(gpu, driver_branch)
     links = []
     for link in gpu.links or ():
-        state = read.call("nvlink state", "nvmlDeviceGetNvLinkState", link)
+        state = read.call(f"nvlink {link} state", "nvmlDeviceGetNvLinkState", link)
         errors: dict[str, int] = {}
+        ber: dict[str, float] = {}
         for kind, name in interface.fields.items():
-            read.want(f"nvlink {kind}", name, errors, kind, int, scope=link)
+            read.want(f"nvlink {link} {kind}", name, errors, kind, int, scope=link)
+        for kind, name in interface.ber_fields.items():
+            read.want(f"nvlink {link} {kind} ber", name, ber, kind, _decode_ber, scope=link)
         for kind, counter in interface.counters.items():
-            value = read.call(f"nvlink {kind}", "nvmlDeviceGetNvLinkErrorCounter", link, counter)
+            value = read.call(
+                f"nvlink {link} {kind}", "nvmlDeviceGetNvLinkErrorCounter", link, counter
+            )
             if value is not None:
                 errors[kind] = int(value)
-        links.append(_LinkRead(link, None if state is None else bool(state), errors))
+        links.append(_LinkRead(link, None if state is None else bool(state), errors, ber))
     return links
 
 
@@ -835,6 +969,7 @@ class NvmlSource:
             pynvml.nvmlShutdown()
             raise SourceUnavailable(f"NVML started but cannot count the GPUs: {error}") from error
         self._driver_version = self._read_driver_version()
+        self._driver_branch = _driver_branch(self._driver_version)
         self._availability = _Availability()
         self._gpus = tuple(_Gpu(index) for index in range(count))
         for gpu in self._gpus:
@@ -909,13 +1044,13 @@ class NvmlSource:
         _read_throttle(read, sample)
         _read_memory_errors(read, sample)
         _read_recovery_action(read, sample)
-        links = _read_links(read)
+        links = _read_links(read, self._driver_branch)
         read.fetch_fields()
         read.finish()
         return GpuSample(
             index=gpu.index,
             up=True,
-            nvlinks=tuple(LinkSample(gpu.index, r.link, r.up, r.errors) for r in links),
+            nvlinks=tuple(LinkSample(gpu.index, r.link, r.up, r.errors, r.ber) for r in links),
             xid_counts=dict(gpu.xid_counts),
             reset_required=read.reset_required,
             responsive=read.answered,
