@@ -33,7 +33,10 @@ BUILTIN_DEFAULT = "default"
 FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "thermal_throttle": (frozenset({"gpu"}), frozenset()),
     "power_cap": (frozenset({"gpu"}), frozenset()),
+    "power_brake": (frozenset({"gpu"}), frozenset()),
     "clock_drift": (frozenset({"gpu"}), frozenset({"ratio"})),
+    # An operator's `nvidia-smi -lgc <mhz>` on one GPU, or on all without `gpu`.
+    "clocks_locked": (frozenset({"mhz"}), frozenset({"gpu"})),
     "nvlink_crc_storm": (frozenset({"gpu", "link", "rate"}), frozenset()),
     "nvlink_down": (frozenset({"gpu", "link"}), frozenset()),
     "ecc_sbe_storm": (frozenset({"gpu", "rate"}), frozenset()),
@@ -97,6 +100,7 @@ class Fault:
     code: int | None = None
     ratio: float | None = None
     mode: str | None = None
+    mhz: int | None = None
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -177,6 +181,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         code=_require_int(raw["code"], "code", label) if "code" in raw else None,
         ratio=float(raw["ratio"]) if "ratio" in raw else None,
         mode=str(raw["mode"]) if "mode" in raw else None,
+        mhz=_require_int(raw["mhz"], "mhz", label) if "mhz" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -200,6 +205,8 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
     if fault.mode is not None and fault.mode not in SDC_MODES:
         known = ", ".join(SDC_MODES)
         raise ScenarioError(f"{label}: unknown mode {fault.mode!r} (known modes: {known})")
+    if fault.mhz is not None and not 0 < fault.mhz < 10000:
+        raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
 
