@@ -157,11 +157,12 @@ _COUNTERS: tuple[tuple[int, dict[int, str], range | tuple[int, ...]], ...] = (
         (*range(251, 269), *range(275, 289)),
     ),
 )
-# NVML_FI_DEV_TEMPERATURE_*_TLIMIT (193-196 in every header from CUDA 12.5):
-# thresholds in degrees past T.Limit, as nvidia-smi shows "GPU Slowdown
-# T.Limit Temp: -2 C". T.Limit is taken as the GPU's max operating
-# temperature, which makes H100's -2 C and -5 C its 89 C slowdown and 92 C
-# shutdown. MEM_MAX's T.Limit value is not modelled (NotSupported).
+# NVML_FI_DEV_TEMPERATURE_*_TLIMIT (193-196 in every header from CUDA 12.2):
+# the margin (nvmlDeviceGetMarginTemperature) at which each threshold is
+# reached, as nvidia-smi shows "GPU Slowdown T.Limit Temp: -2 C". T.Limit
+# (margin 0) is taken as the GPU's max operating temperature, which makes
+# H100's -2 C and -5 C its 89 C slowdown and 92 C shutdown. MEM_MAX's value
+# is not modelled (NotSupported).
 _TLIMIT_FIELDS = {
     pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "shutdown_celsius",
     pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "slowdown_celsius",

@@ -152,14 +152,15 @@ _SCALARS = (
 class _Threshold:
     """A temperature threshold: nvmlDeviceGetTemperatureThreshold's type, and
     the NVML_FI_DEV_TEMPERATURE_*_TLIMIT field nvml.h names as its replacement
-    on Ada and later ("no longer the preferred interface", CUDA 12.5 header on).
+    on Ada and later ("no longer the preferred interface", CUDA 12.2 header on).
 
-    The TLIMIT fields are on the T.Limit scale, not absolute: nvidia-smi shows
-    them as "GPU Slowdown T.Limit Temp: -2 C", degrees past T.Limit, the edge
-    whose distance from the current temperature nvmlDeviceGetMarginTemperature
-    gives ("distance to nearest slowdown threshold"). So the absolute threshold
-    is current + margin - field. MEM_MAX has no fallback: its T.Limit value is
-    on the GPU sensor's scale, which says nothing of HBM's own temperature.
+    The TLIMIT fields are margins, not temperatures: the threshold is reached
+    when the margin temperature (nvmlDeviceGetMarginTemperature, "distance to
+    nearest slowdown threshold", nvidia-smi's "GPU T.Limit Temp") falls to the
+    field's value (nvidia-smi: "GPU Slowdown T.Limit Temp: -2 C"), so the
+    absolute threshold is current + margin - field. MEM_MAX has no fallback:
+    its value is a margin of the GPU sensor, which says nothing of HBM's own
+    temperature.
     """
 
     attr: str
