@@ -231,6 +231,10 @@ _COUNTER_IDS = (
 )
 
 
+# THROTTLE_REASONS that only the counters give (no perf policy counts them).
+_COUNTED_ONLY = tuple(reason for reason in THROTTLE_REASONS if reason not in _THROTTLE)
+
+
 def counter_ids(driver_version: str | None) -> Mapping[str, int]:
     """The clocks-event counter ids the driver `driver_version` answers; none
     when its branch predates them or cannot be told from the version."""
@@ -522,34 +526,24 @@ def _read_throttle(read: _GpuRead, sample: dict[str, Any], counters: Mapping[str
     seconds: dict[str, float] = {}
     for reason, (policy, field_name) in _THROTTLE.items():
         subject = f"throttle_seconds[{reason}]"
-        replacement = _counter_field(reason, counters) or (field_name, None)
+        name, field_id = _counter_field(reason, counters) or (field_name, None)
         violation = read.call(
-            subject,
-            "nvmlDeviceGetViolationStatus",
-            policy,
-            then=f"reading {replacement[0]} instead",
+            subject, "nvmlDeviceGetViolationStatus", policy, then=f"reading {name} instead"
         )
         if violation is not None:
             seconds[reason] = violation.violationTime * _NANO
         else:
-            name, field_id = replacement
             read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
-    for reason in THROTTLE_REASONS:
-        counter = None if reason in _THROTTLE else _counter_field(reason, counters)
+    for reason in _COUNTED_ONLY:
+        counter = _counter_field(reason, counters)
         if counter is not None:
             name, field_id = counter
-            read.want(
-                f"throttle_seconds[{reason}]",
-                name,
-                seconds,
-                reason,
-                _scaled(_NANO),
-                field_id=field_id,
-            )
+            subject = f"throttle_seconds[{reason}]"
+            read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
     sample["throttle_seconds"] = seconds
 
 
-def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int] | None:
+def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int | None] | None:
     """(name with id, id) of the counter of `reason`, where the driver has one."""
     field_id = counters.get(reason)
     if field_id is None:
