@@ -16,6 +16,11 @@ from types import MappingProxyType
 CLOCKS_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
     {
         "gpu_idle": 0x1,
+        # nvml.h documents 0x2 as "limited by current setting of applications
+        # clocks" up to the CUDA 12.9 header and as "@deprecated No longer used"
+        # from CUDA 13.0 (R580) on: older drivers may still set it, newer ones
+        # do not, so clocks set by an operator are judged from the clocks
+        # themselves (checks/clocks.py), not from this bit.
         "applications_clocks_setting": 0x2,
         "sw_power_cap": 0x4,
         "hw_slowdown": 0x8,
@@ -28,7 +33,9 @@ CLOCKS_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
 )
 
 # Cumulative violation (throttle) time, by NVML perf policy, under the label
-# values of gpuwatchd_gpu_throttle_seconds_total{reason}.
+# values of gpuwatchd_gpu_throttle_seconds_total{reason}; the last two are the
+# driver's HW slowdown counters (NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_*, from
+# R575 on), which integrate HW slowdown events shorter than a poll.
 THROTTLE_REASONS: tuple[str, ...] = (
     "power",
     "thermal",
@@ -36,6 +43,8 @@ THROTTLE_REASONS: tuple[str, ...] = (
     "board_limit",
     "low_utilization",
     "reliability",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
 )
 
 # NVLink error counters, under the label values of gpuwatchd_nvlink_errors_total{type}:
@@ -107,6 +116,8 @@ class GpuSample:
     temperature_memory_celsius: float | None = None
     temperature_slowdown_celsius: float | None = None
     temperature_shutdown_celsius: float | None = None
+    # HBM's maximum operating temperature (NVML_TEMPERATURE_THRESHOLD_MEM_MAX).
+    temperature_memory_max_celsius: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     sm_max_clock_hertz: float | None = None

@@ -102,10 +102,52 @@ def test_with_too_few_busy_peers_only_the_maximum_clock_is_compared() -> None:
     history = timeline(7, slow_pair)
     finding = next(iter(clocks.run(history, last_time(7), CONFIG).findings))
     assert finding.subject == "gpu:1"
-    assert finding.evidence["max_ratio"] == pytest.approx(1200 / 1980, abs=1e-4)
+    assert finding.evidence["allowed_ratio"] == pytest.approx(1200 / 1980, abs=1e-4)
     assert "peer_ratio" not in finding.evidence
 
 
 def test_an_unknown_explaining_reason_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown reason"):
         ClocksConfig(explaining_reasons=("gpu_idle", "coffee_break"))
+
+
+def alone(clock_hz: float, **fields: object) -> History:
+    """A node with one busy GPU: no peers to compare with."""
+    return timeline(7, lambda k, t: [busy(0, clock_hz, **fields)])
+
+
+def test_application_clocks_an_operator_set_are_the_clock_it_may_run_at() -> None:
+    applied = {"sm_application_clock_hertz": 1275e6, "sm_default_application_clock_hertz": MAX_HZ}
+    assert clocks.run(alone(1275e6, **applied), last_time(7), CONFIG).findings == ()
+    finding = next(iter(clocks.run(alone(900e6, **applied), last_time(7), CONFIG).findings))
+    assert finding.evidence["allowed_clock_hertz"] == 1275e6
+    assert "application clock target" in finding.message
+
+
+def test_default_application_clocks_leave_the_maximum_as_the_allowed_clock() -> None:
+    # A100: default application clock 1095 MHz, boosting to its 1410 MHz maximum.
+    default = {
+        "sm_max_clock_hertz": 1410e6,
+        "sm_application_clock_hertz": 1095e6,
+        "sm_default_application_clock_hertz": 1095e6,
+    }
+    finding = next(iter(clocks.run(alone(1050e6, **default), last_time(7), CONFIG).findings))
+    assert finding.evidence["allowed_clock_hertz"] == 1410e6
+    assert "of its maximum" in finding.message
+
+
+def test_a_gpu_alone_below_its_maximum_for_no_reason_still_drifts() -> None:
+    # NVML reports no lock: with no peer to agree with, a lone GPU is judged.
+    assert clocks.run(alone(1410e6), last_time(7), CONFIG).findings != ()
+
+
+def test_two_gpus_held_at_one_clock_agree_and_are_not_drifting() -> None:
+    history = timeline(7, lambda k, t: [busy(0, 1410e6), busy(1, 1395e6)])
+    assert clocks.run(history, last_time(7), CONFIG).findings == ()
+
+
+def test_a_whole_node_held_below_its_maximum_raises_nothing_for_a_quarter_hour() -> None:
+    history = timeline(6 * 15 + 1, lambda k, t: [busy(i, 1410e6) for i in range(8)])
+    output = clocks.run(history, last_time(6 * 15 + 1), CONFIG)
+    assert output.findings == ()
+    assert {m.value for m in output.measurements} == {1.0}

@@ -181,3 +181,80 @@ def test_a_lost_gpu_has_no_thermal_findings() -> None:
 def test_thresholds_out_of_range_are_rejected() -> None:
     with pytest.raises(ValueError, match="thermal_warn_ratio"):
         ThermalConfig(thermal_warn_ratio=0.0)
+
+
+HW_THERMAL = CLOCKS_EVENT_REASONS["hw_thermal_slowdown"]
+
+
+def test_hw_thermal_slowdown_bit_alone_is_judged() -> None:
+    history = timeline(
+        POLLS,
+        lambda k, t: [hot_gpu(temperature_gpu_celsius=45.0, clocks_event_reasons=HW_THERMAL)],
+    )
+    finding = next(iter(thermal.run(history, NOW, CONFIG).findings))
+    assert finding.code == "hw_slowdown_while_cool"
+    assert finding.evidence["reasons"] == "hw_thermal_slowdown"
+
+
+def test_slowdown_counters_judge_what_the_bits_never_caught() -> None:
+    # 4 s of power brake in every 10 s poll interval, no bit set at any poll.
+    history = timeline(
+        POLLS,
+        lambda k, t: [
+            hot_gpu(
+                temperature_gpu_celsius=45.0,
+                throttle_seconds={"hw_power_brake_slowdown": 4.0 * k, "hw_thermal_slowdown": 0.0},
+            )
+        ],
+    )
+    output = thermal.run(history, NOW, CONFIG)
+    finding = next(iter(output.findings))
+    assert finding.code == "hw_slowdown_while_cool"
+    assert finding.evidence["window_ratio"] == pytest.approx(0.4)
+    assert finding.evidence["sample_ratio"] == 0
+    assert ratio(output, "hw_power_brake_slowdown") == pytest.approx(0.4)
+
+
+def test_a_counted_slowdown_below_the_share_is_measured_but_no_finding() -> None:
+    history = timeline(
+        POLLS,
+        lambda k, t: [
+            hot_gpu(
+                temperature_gpu_celsius=45.0,
+                throttle_seconds={"hw_power_brake_slowdown": 3.0 if k >= 10 else 0.0},
+            )
+        ],
+    )
+    output = thermal.run(history, NOW, CONFIG)
+    assert output.findings == ()
+    assert ratio(output, "hw_power_brake_slowdown") == pytest.approx(0.01)
+
+
+def test_hbm_limit_follows_the_drivers_mem_max_threshold() -> None:
+    at_82 = timeline(3, lambda k, t: [hot_gpu(temperature_memory_celsius=82.0)])
+    assert thermal.run(at_82, last_time(3), CONFIG).findings == ()
+    driver_85 = timeline(
+        3,
+        lambda k, t: [
+            hot_gpu(temperature_memory_celsius=82.0, temperature_memory_max_celsius=85.0)
+        ],
+    )
+    finding = next(iter(thermal.run(driver_85, last_time(3), CONFIG).findings))
+    assert finding.code == "hbm_temperature_high"
+    assert finding.evidence["margin_celsius"] == 3.0
+    assert "85 C limit" in finding.message
+
+
+def test_hot_hbm_by_the_drivers_limit_is_not_a_cool_gpu() -> None:
+    history = timeline(
+        POLLS,
+        lambda k, t: [
+            hot_gpu(
+                temperature_gpu_celsius=45.0,
+                temperature_memory_celsius=75.0,
+                temperature_memory_max_celsius=85.0,
+                clocks_event_reasons=HW_SLOWDOWN,
+            )
+        ],
+    )
+    assert codes(thermal.run(history, NOW, CONFIG))["hw_slowdown"] is Severity.WARN

@@ -37,6 +37,7 @@ def assert_matches_hardware(node: SimulatedNode, sample: GpuSample) -> None:
     assert sample.temperature_memory_celsius == state.memory_temperature_celsius
     assert sample.temperature_slowdown_celsius == spec.slowdown_celsius
     assert sample.temperature_shutdown_celsius == spec.shutdown_celsius
+    assert sample.temperature_memory_max_celsius == spec.memory_max_operating_celsius
     assert sample.sm_clock_hertz == state.sm_clock_mhz * 1e6
     assert sample.memory_clock_hertz == state.memory_clock_mhz * 1e6
     assert sample.sm_max_clock_hertz == spec.sm_max_mhz * 1e6
@@ -45,8 +46,10 @@ def assert_matches_hardware(node: SimulatedNode, sample: GpuSample) -> None:
     assert sample.sm_default_application_clock_hertz == spec.sm_default_application_mhz * 1e6
     assert sample.memory_application_clock_hertz == spec.memory_mhz * 1e6
     assert sample.clocks_event_reasons == state.clocks_event_reasons
+    # The HW slowdown counters are read only on drivers that have them (R575 on).
+    assert set(THROTTLE_REASONS[:6]) <= set(sample.throttle_seconds)
     assert sample.throttle_seconds == pytest.approx(
-        {reason: state.violation_ns[reason] / 1e9 for reason in THROTTLE_REASONS}
+        {reason: state.violation_ns[reason] / 1e9 for reason in sample.throttle_seconds}
     )
     assert sample.power_watts == pytest.approx(state.power_milliwatts / 1000)
     assert sample.power_limit_watts == spec.power_limit_watts
@@ -231,15 +234,21 @@ def test_gpu_without_nvlinks_reports_none() -> None:
         assert sample.temperature_gpu_celsius is not None
 
 
-# -- R580 ---------------------------------------------------------------------------
+# -- violation status refused ------------------------------------------------------
 
 
-def test_r580_deprecated_violation_status_reads_the_field_value_replacement(
+def test_violation_status_refused_reads_the_field_value_replacements(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # R580 still answers the call (nvml.h 13.0: DEPRECATED(13.0) is a no-op,
+    # removal is for CUDA 14.0); a driver that refuses it is made here.
     caplog.set_level(logging.INFO, logger=NVML_LOG)
     with simulated_node(
-        "[{at: 10s, kind: power_cap, gpu: 0}]", driver_version=R580_DRIVER_VERSION
+        "[{at: 10s, kind: power_cap, gpu: 0}]",
+        driver_version=R580_DRIVER_VERSION,
+        before_start=lambda fake: fake.fail(
+            pynvml.NVML_ERROR_DEPRECATED, "nvmlDeviceGetViolationStatus"
+        ),
     ) as node:
         with pytest.raises(pynvml.NVMLError_Deprecated):
             pynvml.nvmlDeviceGetViolationStatus(pynvml.nvmlDeviceGetHandleByIndex(0), 0)

@@ -59,6 +59,8 @@ def test_every_builtin_scenario_parses() -> None:
         ("faults: [{at: 1s, kind: ecc_sbe_storm, gpu: 0, rate: fast}]", "expected a rate"),
         ("faults: [{at: 1s, kind: gpu_lost, gpu: 0, link: 3}]", r"unknown field\(s\) link"),
         ("faults: [{at: 1s, kind: clock_drift, gpu: 0, ratio: 1.5}]", "ratio must be between"),
+        ("faults: [{at: 1s, kind: clocks_locked, mhz: 0}]", "mhz must be a clock in MHz"),
+        ("faults: [{at: 1s, kind: clocks_locked, mhz: 1.5}]", "mhz must be a whole number"),
         ("node: {gpus: 2}\nfaults: [{at: 1s, kind: xid, gpu: 2, code: 79}]", "node has 2 GPUs"),
         ("nodes: {}", r"unknown key\(s\) nodes"),
         (
@@ -89,6 +91,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "code": 79,
         "call": "nvmlDeviceGetRemappedRows",
         "action": "gpu_reset",
+        "mhz": 1410,
     }
     for kind, (required, _) in FAULT_FIELDS.items():
         at = "0s" if kind in FROM_BOOT else "1s"

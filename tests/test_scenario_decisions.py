@@ -44,6 +44,15 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         60,
     ),
+    "power_brake": Expected(
+        "{kind: power_brake, gpu: 1}",
+        "gpu:1",
+        "hw_slowdown_while_cool",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        300,
+        node_quarantined=True,
+    ),
     "clock_drift": Expected(
         "{kind: clock_drift, gpu: 1}",
         "gpu:1",

@@ -201,15 +201,19 @@ def test_blackwell_answers_only_the_nvlink_count_fields() -> None:
         pynvml.nvmlShutdown()
 
 
-def test_r580_driver_deprecates_violation_status() -> None:
-    with FakeNvml(hardware(), driver_version=R580_DRIVER_VERSION):
+def test_r580_driver_still_answers_violation_status() -> None:
+    # nvml.h 13.0: DEPRECATED(13.0) is a no-op there; removal is for CUDA 14.0.
+    with FakeNvml(
+        hardware("[{at: 0s, kind: power_cap, gpu: 0}]"), driver_version=R580_DRIVER_VERSION
+    ) as fake:
+        fake.model.advance(START + 30)
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         assert pynvml.nvmlSystemGetDriverVersion() == R580_DRIVER_VERSION
-        with pytest.raises(pynvml.NVMLError_Deprecated):
-            pynvml.nvmlDeviceGetViolationStatus(handle, pynvml.NVML_PERF_POLICY_POWER)
+        violation = pynvml.nvmlDeviceGetViolationStatus(handle, pynvml.NVML_PERF_POLICY_POWER)
         power = field(handle, pynvml.NVML_FI_DEV_PERF_POLICY_POWER)
         assert power.nvmlReturn == pynvml.NVML_SUCCESS
+        assert violation.violationTime == power.value.ullVal >= 30e9
         pynvml.nvmlShutdown()
 
 

@@ -15,7 +15,7 @@ FULL_NODE = 'node: {gpus: 8, model: "NVIDIA H100 80GB HBM3", nvlinks: 18, hcas: 
 GPU_FAMILIES = {
     "gpuwatchd_gpu_up": 8,
     "gpuwatchd_gpu_temperature_celsius": 16,
-    "gpuwatchd_gpu_temperature_threshold_celsius": 16,
+    "gpuwatchd_gpu_temperature_threshold_celsius": 24,
     "gpuwatchd_gpu_clock_hertz": 16,
     "gpuwatchd_gpu_max_clock_hertz": 16,
     "gpuwatchd_gpu_clocks_event_active": 8 * 9,

@@ -1,12 +1,22 @@
 """Clock-drift check: a busy GPU running slower than its peers with no reason given.
 
-Reads each GPU's SM clock, its maximum SM clock, its utilisation and its
-clocks-event reason bits. A sample counts only when the GPU is busy and no
-reason bit explains a lower clock (power cap, thermal, idle, application
-clocks, sync boost...): what is left is a GPU that is slow for no stated
+Reads each GPU's SM clock, its maximum and application SM clocks, its
+utilisation and its clocks-event reason bits. A sample counts only when the
+GPU is busy and no reason bit explains a lower clock (power cap, thermal,
+idle, sync boost...): what is left is a GPU that is slow for no stated
 reason, the classic straggler of a synchronous training job. Drift in the
 latest window warns; drift in every one of the last `critical_windows`
 windows is critical.
+
+Drift is judged against the clock the GPU is allowed to run at. Application
+clocks an operator set (`nvidia-smi -ac`) are read back from the driver
+(NVML_CLOCK_ID_APP_CLOCK_TARGET differing from the default). Locked clocks
+(`nvidia-smi -lgc`) are not: nvml.h has setters for them and no getter, and a
+locked GPU sets no clocks-event reason (nvml.h marks ApplicationsClocksSetting
+"No longer used" from CUDA 13.0). So a GPU below its allowed clock whose
+clock agrees with the node's other busy GPUs is not drifting: a node-wide
+clock is an operator's setting, not a hardware fault. A GPU below its locked
+peers is still judged against them.
 """
 
 from __future__ import annotations
@@ -51,11 +61,15 @@ class ClocksConfig:
     # the node. GPUs of one HGX board differ by a few percent (per-chip boost
     # bins); 10% is outside that spread.
     peer_drop_ratio: float = 0.1
-    # Drift when the SM clock is this far below the GPU's maximum SM clock with
-    # no reason given; NVML reports a reason for every deliberate cut.
+    # Drift when the SM clock is this far below the clock the GPU may run at
+    # (its maximum, or the application clock target an operator set) with no
+    # reason given, unless its clock agrees with the node's other busy GPUs:
+    # NVML reports a reason for the driver's own cuts, but none for an
+    # operator's lock, which holds every GPU of the node alike.
     max_drop_ratio: float = 0.2
     # Fewer busy GPUs than this make no peer median (two GPUs cannot tell
-    # which of them is the slow one); the comparison with the maximum remains.
+    # which of them is the slow one); the comparison with the allowed clock
+    # remains, and two GPUs that agree still count as a node-wide clock.
     min_peers: int = 3
     # Clocks-event reasons that explain a lower clock. NVML documents each of
     # these as a cause of reduced clocks; by default every known reason does.
@@ -87,21 +101,30 @@ class _Clock:
     """One GPU over one window: its mean unexplained busy SM clock and how it compares."""
 
     mean_hertz: float
-    max_hertz: float | None
+    # The clock it may run at: its maximum or an application clock target set below it.
+    allowed_hertz: float | None
+    application_clocks: bool  # whether allowed_hertz is an application clock target
+    # Median of the window's busy GPUs when there are at least min_peers of them.
     peer_median_hertz: float | None
+    # Whether its clock is within peer_drop_ratio of the other busy GPUs' median.
+    agrees_with_node: bool
 
     @property
     def peer_ratio(self) -> float | None:
         return None if self.peer_median_hertz is None else self.mean_hertz / self.peer_median_hertz
 
     @property
-    def max_ratio(self) -> float | None:
-        return None if not self.max_hertz else self.mean_hertz / self.max_hertz
+    def allowed_ratio(self) -> float | None:
+        return None if not self.allowed_hertz else self.mean_hertz / self.allowed_hertz
 
     def drifting(self, config: ClocksConfig) -> bool:
-        peer, top = self.peer_ratio, self.max_ratio
-        return (peer is not None and peer < 1 - config.peer_drop_ratio) or (
-            top is not None and top < 1 - config.max_drop_ratio
+        peer, allowed = self.peer_ratio, self.allowed_ratio
+        if peer is not None and peer < 1 - config.peer_drop_ratio:
+            return True
+        return (
+            allowed is not None
+            and allowed < 1 - config.max_drop_ratio
+            and not self.agrees_with_node
         )
 
 
@@ -125,10 +148,22 @@ def run(history: History, now: float, config: ClocksConfig) -> CheckOutput:
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
 
 
+def _allowed_clock(sample: GpuSample) -> tuple[float | None, bool]:
+    """The SM clock this GPU may run at, and whether it is an application clock
+    target: one an operator set below the maximum (it differs from the
+    default), else the maximum."""
+    top = sample.sm_max_clock_hertz
+    target = sample.sm_application_clock_hertz
+    default = sample.sm_default_application_clock_hertz
+    if top and target and default and target != default and target < top:
+        return target, True
+    return top, False
+
+
 def _window_clocks(
     history: History, start: float, end: float, config: ClocksConfig
 ) -> dict[int, _Clock]:
-    means: dict[int, tuple[float, float | None]] = {}
+    means: dict[int, tuple[float, GpuSample]] = {}
     for index in history.gpu_indices():
         recent = tail_from(history.gpu(index), start)
         busy = [
@@ -138,16 +173,23 @@ def _window_clocks(
         ]
         clocks = [sample.sm_clock_hertz for sample in busy if sample.sm_clock_hertz is not None]
         if clocks:
-            means[index] = (statistics.fmean(clocks), busy[-1].sm_max_clock_hertz)
-    median = (
-        statistics.median(mean for mean, _ in means.values())
-        if len(means) >= config.min_peers
-        else None
-    )
-    return {
-        index: _Clock(mean_hertz=mean, max_hertz=top, peer_median_hertz=median)
-        for index, (mean, top) in means.items()
-    }
+            means[index] = (statistics.fmean(clocks), busy[-1])
+    median = statistics.median(mean for mean, _ in means.values()) if means else None
+    judged = {}
+    for index, (mean, sample) in means.items():
+        allowed, application = _allowed_clock(sample)
+        judged[index] = _Clock(
+            mean_hertz=mean,
+            allowed_hertz=allowed,
+            application_clocks=application,
+            peer_median_hertz=median if len(means) >= config.min_peers else None,
+            agrees_with_node=(
+                median is not None
+                and len(means) >= 2
+                and abs(mean / median - 1) <= config.peer_drop_ratio
+            ),
+        )
+    return judged
 
 
 def _unexplained_busy(sample: GpuSample, config: ClocksConfig) -> bool:
@@ -170,10 +212,11 @@ def _finding(sample: GpuSample, clock: _Clock, lasting: bool, config: ClocksConf
         evidence["peer_median_hertz"] = round(clock.peer_median_hertz)
         evidence["peer_ratio"] = round(clock.peer_ratio, 4)
         parts.append(f"{clock.peer_ratio:.0%} of the busy GPUs' median")
-    if clock.max_hertz and clock.max_ratio is not None:
-        evidence["max_clock_hertz"] = round(clock.max_hertz)
-        evidence["max_ratio"] = round(clock.max_ratio, 4)
-        parts.append(f"{clock.max_ratio:.0%} of its maximum")
+    if clock.allowed_hertz and clock.allowed_ratio is not None:
+        what = "application clock target" if clock.application_clocks else "maximum"
+        evidence["allowed_clock_hertz"] = round(clock.allowed_hertz)
+        evidence["allowed_ratio"] = round(clock.allowed_ratio, 4)
+        parts.append(f"{clock.allowed_ratio:.0%} of its {what}")
     if lasting:
         parts.append(f"for {span:g}s")
     return Finding(

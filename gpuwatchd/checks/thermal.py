@@ -1,10 +1,13 @@
 """Thermal check: throttling and temperature headroom of every GPU.
 
 Reads each GPU's cumulative violation (throttle) time, which integrates every
-short slowdown between polls, its clocks-event reason bits (the only signal of
-HW slowdown and the external power brake) and its GPU and HBM temperatures.
-Sustained thermal throttling and thin headroom are warnings; HW slowdown or
-power brake on a cool GPU means a board, power or sensor fault and is critical.
+short slowdown between polls, including the driver's HW thermal and power
+brake slowdown counters where its branch has them (R575 on); its clocks-event
+reason bits (HW slowdown's only signal on older drivers, and the only one of
+its fast-trigger cause on any); its GPU and HBM temperatures and the driver's
+thresholds for them. Sustained thermal throttling and thin headroom are
+warnings; HW slowdown or power brake on a cool GPU means a board, power or
+sensor fault and is critical.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from gpuwatchd.settings import Seconds
 NAME = "thermal"
 
 # Reason bits that slow the GPU from outside the driver's own control loop.
-HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
+# nvml.h's HwSlowdown (0x8) names temperature, the external power brake and
+# fast-trigger power protection as its causes; HwThermalSlowdown (0x40) and
+# HwPowerBrakeSlowdown (0x80) name the first two on their own.
+HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+# The driver's cumulative counters of those causes (THROTTLE_REASONS names).
+HW_SLOWDOWN_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,10 @@ class ThermalConfig:
     # the window (30 s of 5 min) is past what a healthy, well-cooled HGX board
     # shows at a load step, so the warning is worth acting on.
     thermal_warn_ratio: float = 0.1
-    # Share of the window's samples with HW slowdown or HW power brake active
+    # Share of the window in HW slowdown (by the driver's counters, or by the
+    # share of samples with a HW slowdown bit where the counters are absent)
     # that counts as "in HW slowdown". NVML documents HW slowdown as cutting
-    # clocks by half or more, so a quarter of the samples is already costly.
+    # clocks by half or more, so a quarter of the window is already costly.
     hw_slowdown_ratio: float = 0.25
     # A GPU this far below its slowdown threshold (and its HBM this far below
     # hbm_max_celsius) throughout the window is cool: HW slowdown there has no
@@ -54,11 +63,12 @@ class ThermalConfig:
     # Warn when the GPU is this close to its slowdown threshold
     # (NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, `GPU Slowdown Temp` in nvidia-smi).
     gpu_margin_warn_celsius: float = 5.0
-    # HBM's maximum operating temperature: 95 C on H100 and H200
-    # (`Memory Max Operating Temp` in nvidia-smi -q). GpuSample carries no HBM
-    # threshold, so it is set here; raise or lower it per GPU model.
+    # HBM's maximum operating temperature where the driver does not give it:
+    # the driver's own NVML_TEMPERATURE_THRESHOLD_MEM_MAX (`Memory Max
+    # Operating Temp` in nvidia-smi -q, 95 C on H100 and H200) is used where
+    # it answers. A fallback only, for drivers or GPUs that refuse it.
     hbm_max_celsius: float = 95.0
-    # Warn when HBM is this close to hbm_max_celsius.
+    # Warn when HBM is this close to its maximum operating temperature.
     hbm_margin_warn_celsius: float = 5.0
 
     def __post_init__(self) -> None:
@@ -84,7 +94,7 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
         )
         recent = [sample for _, sample in samples_between(samples, now - config.window, now)]
         findings.extend(_throttling(latest, ratios, config))
-        findings.extend(_hw_slowdown(latest, recent, config))
+        findings.extend(_hw_slowdown(latest, recent, ratios, config))
         findings.extend(_headroom(latest, config))
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
 
@@ -123,21 +133,30 @@ def _throttling(
 
 
 def _hw_slowdown(
-    latest: GpuSample, recent: Sequence[GpuSample], config: ThermalConfig
+    latest: GpuSample,
+    recent: Sequence[GpuSample],
+    ratios: dict[str, float],
+    config: ThermalConfig,
 ) -> Iterator[Finding]:
+    """HW slowdown's share of the window: the larger of what the counters
+    integrated (events shorter than a poll count) and of the share of samples
+    with a HW slowdown bit (fast-trigger protection has no counter)."""
     known = [sample for sample in recent if sample.clocks_event_reasons is not None]
-    if not known:
-        return
     slowed = [
         sample for sample in known if any(sample.reason_active(r) for r in HW_SLOWDOWN_REASONS)
     ]
-    share = len(slowed) / len(known)
+    sample_share = len(slowed) / len(known) if known else 0.0
+    counted = {r: ratios[r] for r in HW_SLOWDOWN_COUNTERS if ratios.get(r, 0.0) > 0}
+    share = max([sample_share, *counted.values()])
     if share < config.hw_slowdown_ratio:
         return
-    active = [r for r in HW_SLOWDOWN_REASONS if any(s.reason_active(r) for s in slowed)]
+    active = [
+        r for r in HW_SLOWDOWN_REASONS if r in counted or any(s.reason_active(r) for s in slowed)
+    ]
     cool = _cool(latest, recent, config)
     evidence: dict[str, float | int | str] = {
-        "sample_ratio": round(share, 4),
+        "window_ratio": round(share, 4),
+        "sample_ratio": round(sample_share, 4),
         "reasons": ",".join(active),
     }
     if cool:
@@ -147,8 +166,8 @@ def _hw_slowdown(
             code="hw_slowdown_while_cool",
             severity=Severity.CRITICAL,
             message=(
-                f"{' and '.join(active)} in {share:.0%} of samples while the GPU is cool: "
-                "a board, power or sensor fault"
+                f"{' and '.join(active)} for {share:.0%} of the last {config.window:g}s "
+                "while the GPU is cool: a board, power or sensor fault"
             ),
             action=Action.INSPECT_HARDWARE,
             evidence=evidence,
@@ -159,10 +178,17 @@ def _hw_slowdown(
             check=NAME,
             code="hw_slowdown",
             severity=Severity.WARN,
-            message=f"{' and '.join(active)} in {share:.0%} of samples",
+            message=f"{' and '.join(active)} for {share:.0%} of the last {config.window:g}s",
             action=Action.INSPECT_HARDWARE,
             evidence=evidence,
         )
+
+
+def _hbm_limit(sample: GpuSample, config: ThermalConfig) -> float:
+    """The driver's HBM maximum operating temperature, or the configured one."""
+    if sample.temperature_memory_max_celsius is not None:
+        return sample.temperature_memory_max_celsius
+    return config.hbm_max_celsius
 
 
 def _cool(latest: GpuSample, recent: Sequence[GpuSample], config: ThermalConfig) -> bool:
@@ -177,7 +203,8 @@ def _cool(latest: GpuSample, recent: Sequence[GpuSample], config: ThermalConfig)
     hbm_temps = [
         s.temperature_memory_celsius for s in recent if s.temperature_memory_celsius is not None
     ]
-    return not hbm_temps or max(hbm_temps) <= config.hbm_max_celsius - config.cool_margin_celsius
+    hbm_limit = _hbm_limit(latest, config)
+    return not hbm_temps or max(hbm_temps) <= hbm_limit - config.cool_margin_celsius
 
 
 def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
@@ -193,7 +220,7 @@ def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
             "hbm_temperature_high",
             "HBM",
             latest.temperature_memory_celsius,
-            config.hbm_max_celsius,
+            _hbm_limit(latest, config),
             config.hbm_margin_warn_celsius,
         ),
     )

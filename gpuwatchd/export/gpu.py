@@ -139,13 +139,15 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     yield _by_label(
         GaugeMetricFamily(
             "gpuwatchd_gpu_temperature_threshold_celsius",
-            "Temperature at which the GPU slows down or shuts down, in degrees Celsius.",
+            "Temperature at which the GPU slows down or shuts down, and HBM's maximum "
+            "operating temperature (threshold=memory_max), in degrees Celsius.",
             labels=(*GPU_LABELS, "threshold"),
         ),
         gpus,
         lambda g: (
             ("slowdown", g.temperature_slowdown_celsius),
             ("shutdown", g.temperature_shutdown_celsius),
+            ("memory_max", g.temperature_memory_max_celsius),
         ),
     )
     yield _by_label(

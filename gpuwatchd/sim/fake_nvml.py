@@ -25,8 +25,17 @@ Per generation, as HARDWARE-NOTES.md describes:
 - Per link, `fail_link` and `fail_field(..., scope=link)` make one link
   refuse one call or field.
 - Ampere and newer report remapped rows, older GPUs retired pages.
-- A driver from R580 on answers `nvmlDeviceGetViolationStatus` with
-  `NVML_ERROR_DEPRECATED`; the perf-policy field values answer on every driver.
+- `nvmlDeviceGetViolationStatus` answers on every driver: nvml.h's
+  DEPRECATED(13.0) is a no-op macro in the CUDA 13.0 (R580) header and a
+  compiler warning from 13.1, with removal announced for CUDA 14.0. The
+  perf-policy field values answer on every driver too.
+- The clocks-event counter fields answer under the ids of the driver's branch,
+  and the ids of the other branches name power smoothing fields (`_COUNTERS`).
+- Clocks locked by an operator show as they do on a real GPU: the current
+  clock held at the lock, the maximum and application clocks unchanged and no
+  clocks-event reason bit (NVML has only setters for locked clocks).
+- Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
+  on Hopper and later, through the T.Limit fields and the margin temperature.
 
 Typical use (simulator or test):
 
@@ -69,7 +78,6 @@ _SUPPORTED_EVENTS = (
 # NVML return codes and value types, typed (the binding is untyped).
 _SUCCESS: int = pynvml.NVML_SUCCESS
 _ARGUMENT_VERSION_MISMATCH: int = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-_DEPRECATED: int = pynvml.NVML_ERROR_DEPRECATED
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
 _RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 _INSUFFICIENT_SIZE: int = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
@@ -86,6 +94,7 @@ _RECOVERY_ACTION_FIELD: int = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 RECOVERY_ACTION_BRANCH = 570
 # Calls whose first argument after the device handle is an NVLink.
 _LINK_CALLS = frozenset({"nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"})
+_SINT_TYPE: int = pynvml.NVML_VALUE_TYPE_SIGNED_INT
 
 _P = ctypes.c_void_p
 _U = ctypes.c_uint
@@ -161,6 +170,40 @@ _PERF_POLICIES = {
     pynvml.NVML_PERF_POLICY_BOARD_LIMIT: "board_limit",
     pynvml.NVML_PERF_POLICY_LOW_UTILIZATION: "low_utilization",
     pynvml.NVML_PERF_POLICY_RELIABILITY: "reliability",
+}
+# What the clocks-event counter ids and their neighbours mean to each driver
+# branch, from nvml.h (NVIDIA/go-nvml gen/nvml/nvml.h) of the CUDA release the
+# branch ships with: (first branch, counter id -> THROTTLE_REASONS name, power
+# smoothing ids). The ids are spelt out, not taken from the binding, whose
+# constants follow one header only.
+# - CUDA 12.8 (R570): NVML_FI_PWR_SMOOTHING_* 251-268, no counters.
+# - CUDA 12.9 (R575) and 13.0 (R580): CLOCKS_EVENT_REASON_SW_THERM/HW_THERM/
+#   HW_POWER_BRAKE_SLOWDOWN 251-253, NVML_FI_PWR_SMOOTHING_* 256-273.
+# - CUDA 13.1 (R590) to 13.3: NVML_FI_PWR_SMOOTHING_* 251-268 and 275-288,
+#   the counters 269-271.
+_COUNTERS: tuple[tuple[int, dict[int, str], range | tuple[int, ...]], ...] = (
+    (570, {}, range(251, 269)),
+    (
+        575,
+        {251: "thermal", 252: "hw_thermal_slowdown", 253: "hw_power_brake_slowdown"},
+        range(256, 274),
+    ),
+    (
+        590,
+        {269: "thermal", 270: "hw_thermal_slowdown", 271: "hw_power_brake_slowdown"},
+        (*range(251, 269), *range(275, 289)),
+    ),
+)
+# NVML_FI_DEV_TEMPERATURE_*_TLIMIT (193-196 in every header from CUDA 12.2):
+# the margin (nvmlDeviceGetMarginTemperature) at which each threshold is
+# reached, as nvidia-smi shows "GPU Slowdown T.Limit Temp: -2 C". T.Limit
+# (margin 0) is taken as the GPU's max operating temperature, which makes
+# H100's -2 C and -5 C its 89 C slowdown and 92 C shutdown. MEM_MAX's value
+# is not modelled (NotSupported).
+_TLIMIT_FIELDS = {
+    pynvml.NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT: "shutdown_celsius",
+    pynvml.NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT: "slowdown_celsius",
+    pynvml.NVML_FI_DEV_TEMPERATURE_GPU_MAX_TLIMIT: "gpu_max_operating_celsius",
 }
 _ECC_TYPES = {
     pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
@@ -272,10 +315,6 @@ class FakeNvml:
         self._model = model
         for event_set in self._event_sets.values():
             event_set.cursor = model.xid_count
-
-    @property
-    def r580(self) -> bool:
-        return _driver_branch(self.driver_version) >= 580
 
     def install(self) -> FakeNvml:
         """Make nvidia-ml-py use this fake as its loaded library."""
@@ -420,6 +459,7 @@ class FakeNvml:
                     ("nvmlDeviceGetTemperatureV", (_P,), self._temperature_v),
                     ("nvmlDeviceGetTemperature", (_U, _P), self._temperature),
                     ("nvmlDeviceGetTemperatureThreshold", (_U, _P), self._threshold),
+                    ("nvmlDeviceGetMarginTemperature", (_P,), self._margin),
                     ("nvmlDeviceGetFieldValues", (_I, _P), self._field_values),
                     ("nvmlDeviceGetClockInfo", (_U, _P), self._clock_info),
                     ("nvmlDeviceGetMaxClockInfo", (_U, _P), self._max_clock_info),
@@ -521,6 +561,21 @@ class FakeNvml:
             return _NOT_SUPPORTED
         return _put(ctypes.c_uint, value, thresholds[kind])
 
+    def _t_limit(self, gpu: int) -> int | None:
+        """T.Limit, on GPUs that report temperatures against it (Hopper and later)."""
+        spec = self._gpu(gpu).spec
+        return spec.gpu_max_operating_celsius if spec.at_least("hopper") else None
+
+    def _margin(self, gpu: int, address: int) -> int:
+        t_limit = self._t_limit(gpu)
+        if t_limit is None:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlMarginTemperature_v1_t.from_address(address)
+        if struct.version != pynvml.nvmlMarginTemperature_v1:
+            return _ARGUMENT_VERSION_MISMATCH
+        struct.marginTemperature = t_limit - self._state(gpu).temperature_celsius
+        return _SUCCESS
+
     def _clocks(self, gpu: int, clock_id: int) -> dict[int, int]:
         """MHz by clock type, for one NVML_CLOCK_ID_*."""
         spec, state = self._gpu(gpu).spec, self._state(gpu)
@@ -555,8 +610,6 @@ class FakeNvml:
         return _put(ctypes.c_ulonglong, value, self._state(gpu).clocks_event_reasons)
 
     def _violation_status(self, gpu: int, policy: int, address: int) -> int:
-        if self.r580:
-            return _DEPRECATED
         if policy not in _PERF_POLICIES:
             return _NOT_SUPPORTED
         struct = pynvml.c_nvmlViolationTime_t.from_address(address)
@@ -724,8 +777,10 @@ class FakeNvml:
                 continue
             value.nvmlReturn = _SUCCESS
             value.valueType, number = answer
-            if value.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+            if value.valueType == _UINT_TYPE:
                 value.value.uiVal = number
+            elif value.valueType == _SINT_TYPE:
+                value.value.siVal = number
             else:
                 value.value.ullVal = number
         return _SUCCESS
@@ -752,8 +807,30 @@ class FakeNvml:
             if _driver_branch(self.driver_version) < RECOVERY_ACTION_BRANCH:
                 return _NOT_SUPPORTED
             return _UINT_TYPE, state.recovery_action
+        branch_answer = self._branch_field(gpu, field_id)
+        if branch_answer is not None:
+            return branch_answer
+        t_limit = self._t_limit(gpu)
+        if field_id in _TLIMIT_FIELDS and t_limit is not None:
+            return _SINT_TYPE, t_limit - getattr(self._gpu(gpu).spec, _TLIMIT_FIELDS[field_id])
         link_answer = self._link_field(gpu, field_id, scope)
         return _NOT_SUPPORTED if link_answer is None else link_answer
+
+    def _branch_field(self, gpu: int, field_id: int) -> tuple[int, int] | None:
+        """A counter or power smoothing field, as the driver's branch numbers them."""
+        branch = _driver_branch(self.driver_version)
+        tables = [table for table in _COUNTERS if branch >= table[0]]
+        if not tables:
+            return None
+        _, counters, power_smoothing = tables[-1]
+        if field_id in counters:
+            return _ULL_TYPE, self._state(gpu).violation_ns[counters[field_id]]
+        # Power smoothing is a Blackwell feature; the value stands for any of
+        # its settings (enabled, privilege level, a profile number): small
+        # numbers, nothing like a nanosecond counter.
+        if field_id in power_smoothing and self._gpu(gpu).spec.at_least("blackwell"):
+            return _UINT_TYPE, 1
+        return None
 
     # -- events ----------------------------------------------------------------
 

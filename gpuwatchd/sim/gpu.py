@@ -73,6 +73,12 @@ _THERMAL_REASONS = (
     | CLOCKS_EVENT_REASONS["hw_slowdown"]
 )
 _POWER_CAP_REASON = CLOCKS_EVENT_REASONS["sw_power_cap"]
+# An external power brake (the system's power supply asserting it) engages HW
+# slowdown, reported as both bits (nvml.h: HwSlowdown "is an indicator of ...
+# External Power Brake Assertion").
+_POWER_BRAKE_REASONS = (
+    CLOCKS_EVENT_REASONS["hw_power_brake_slowdown"] | CLOCKS_EVENT_REASONS["hw_slowdown"]
+)
 
 # Bus ids of the eight GPUs of an HGX H100 baseboard, in NVML index order.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -391,9 +397,17 @@ class _GpuModel:
         temperature = background.temperature_at(t)
         temperature += (spec.slowdown_celsius + THERMAL_OVERSHOOT_C - temperature) * heat
         reasons, sm_clock, power = 0, background.sm_clock_at(t, spec), background.power_at(t)
+        # A lock (nvidia-smi -lgc) caps the clock and sets no reason bit.
+        for fault in self._of("clocks_locked"):
+            if fault.active(t) and fault.mhz is not None:
+                sm_clock = min(sm_clock, fault.mhz)
         if heat >= 1.0:
             reasons |= _THERMAL_REASONS
             sm_clock = spec.sm_max_mhz * HW_SLOWDOWN_CLOCK_RATIO
+            power *= HW_SLOWDOWN_POWER_RATIO
+        if _any_active(self._of("power_brake"), t):
+            reasons |= _POWER_BRAKE_REASONS
+            sm_clock = min(sm_clock, spec.sm_max_mhz * HW_SLOWDOWN_CLOCK_RATIO)
             power *= HW_SLOWDOWN_POWER_RATIO
         if _any_active(self._of("power_cap"), t):
             reasons |= _POWER_CAP_REASON
@@ -436,7 +450,13 @@ class _GpuModel:
         thermal_s = sum(
             max(0.0, min(t, f.until) - f.at - THERMAL_RAMP_S) for f in self._of("thermal_throttle")
         )
-        seconds = dict.fromkeys(THROTTLE_REASONS, 0.0) | {"power": power_s, "thermal": thermal_s}
+        # The thermal fault holds HW thermal slowdown as long as SW thermal.
+        seconds = dict.fromkeys(THROTTLE_REASONS, 0.0) | {
+            "power": power_s,
+            "thermal": thermal_s,
+            "hw_thermal_slowdown": thermal_s,
+            "hw_power_brake_slowdown": sum(f.elapsed(t) for f in self._of("power_brake")),
+        }
         return {reason: int(value * 1e9) for reason, value in seconds.items()}
 
     def _ecc_errors(self, t: float) -> dict[tuple[str, str], int]:
@@ -509,7 +529,9 @@ _GPU_FAULT_KINDS = frozenset(
     {
         "thermal_throttle",
         "power_cap",
+        "power_brake",
         "clock_drift",
+        "clocks_locked",
         "nvlink_crc_storm",
         "nvlink_down",
         "nvlink_inactive",
@@ -567,7 +589,8 @@ class SimulatedGpus:
         )
         faults = tuple(f for f in scenario.faults if f.kind in _GPU_FAULT_KINDS)
         self._models = tuple(
-            _GpuModel(gpu, tuple(f for f in faults if f.gpu == gpu.index), scenario.seed)
+            # A fault without a GPU (clocks_locked) is on every GPU.
+            _GpuModel(gpu, tuple(f for f in faults if f.gpu in (None, gpu.index)), scenario.seed)
             for gpu in self.gpus
         )
         self.present = _present(scenario)

@@ -46,7 +46,10 @@ BUILTIN_DEFAULT = "default"
 FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "thermal_throttle": (frozenset({"gpu"}), frozenset()),
     "power_cap": (frozenset({"gpu"}), frozenset()),
+    "power_brake": (frozenset({"gpu"}), frozenset()),
     "clock_drift": (frozenset({"gpu"}), frozenset({"ratio"})),
+    # An operator's `nvidia-smi -lgc <mhz>` on one GPU, or on all without `gpu`.
+    "clocks_locked": (frozenset({"mhz"}), frozenset({"gpu"})),
     "nvlink_crc_storm": (frozenset({"gpu", "link", "rate"}), frozenset()),
     "nvlink_down": (frozenset({"gpu", "link"}), frozenset()),
     "nvlink_inactive": (frozenset({"gpu"}), frozenset({"link"})),
@@ -126,6 +129,7 @@ class Fault:
     mode: str | None = None
     call: str | None = None  # nvml_error: the NVML function or field that fails
     count: int | None = None
+    mhz: int | None = None
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -209,6 +213,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         mode=str(raw["mode"]) if "mode" in raw else None,
         call=str(raw["call"]) if "call" in raw else None,
         count=_require_int(raw["count"], "count", label) if "count" in raw else None,
+        mhz=_require_int(raw["mhz"], "mhz", label) if "mhz" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -263,6 +268,8 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
     xid_code = fault.kind in ("xid", "ecc_uncorrectable")
     if xid_code and fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.mhz is not None and not 0 < fault.mhz < 10000:
+        raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
     if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:

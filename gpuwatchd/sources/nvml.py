@@ -31,8 +31,12 @@ nvml.h documents the link as their scope, Hopper's scoped
 discovery or counter probe that gets neither an answer nor "not here" (a
 Timeout, say) is done again at the next poll, and a GPU where no interface
 answers is probed again every `LINK_REPROBE_POLLS` polls.
-Throttle time comes from `nvmlDeviceGetViolationStatus`, or from its
-perf-policy field values where R580 and later deprecate it.
+Throttle time comes from `nvmlDeviceGetViolationStatus` (R580 still answers
+it; removal is announced for CUDA 14), or from its field-value replacements
+where a driver refuses it; the HW thermal and power-brake slowdown counters
+are field values whose ids depend on the driver's branch (`counter_ids`).
+Temperature thresholds come from `nvmlDeviceGetTemperatureThreshold`, or from
+the T.Limit fields and the margin temperature where a driver refuses it.
 
 Hangs: an NVML call on a broken GPU can block inside the driver, and Python
 cannot interrupt a C call. `poll()` makes only cheap reads (one field-value
@@ -57,7 +61,14 @@ from typing import Any
 import pynvml
 
 from gpuwatchd.clock import Clock
-from gpuwatchd.model import ROW_REMAPPER_BUCKETS, GpuSample, LinkSample, Reading, XidEvent
+from gpuwatchd.model import (
+    ROW_REMAPPER_BUCKETS,
+    THROTTLE_REASONS,
+    GpuSample,
+    LinkSample,
+    Reading,
+    XidEvent,
+)
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 
 log = logging.getLogger(__name__)
@@ -159,16 +170,6 @@ _IDENTITY = (
     _Scalar("pci_bus_id", "nvmlDeviceGetPciInfo_v3", convert=lambda info: str(info.busId)),
 )
 _SCALARS = (
-    _Scalar(
-        "temperature_slowdown_celsius",
-        "nvmlDeviceGetTemperatureThreshold",
-        (pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,),
-    ),
-    _Scalar(
-        "temperature_shutdown_celsius",
-        "nvmlDeviceGetTemperatureThreshold",
-        (pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,),
-    ),
     _Scalar("sm_clock_hertz", "nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_SM,), _scaled(_MHZ)),
     _Scalar(
         "memory_clock_hertz", "nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_MEM,), _scaled(_MHZ)
@@ -204,8 +205,46 @@ _SCALARS = (
     _Scalar("power_watts", "nvmlDeviceGetPowerUsage", convert=_scaled(_MILLI)),
     _Scalar("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", convert=_scaled(_MILLI)),
 )
+
+
+@dataclass(frozen=True)
+class _Threshold:
+    """A temperature threshold: nvmlDeviceGetTemperatureThreshold's type, and
+    the NVML_FI_DEV_TEMPERATURE_*_TLIMIT field nvml.h names as its replacement
+    on Ada and later ("no longer the preferred interface", CUDA 12.2 header on).
+
+    The TLIMIT fields are margins, not temperatures: the threshold is reached
+    when the margin temperature (nvmlDeviceGetMarginTemperature, "distance to
+    nearest slowdown threshold", nvidia-smi's "GPU T.Limit Temp") falls to the
+    field's value (nvidia-smi: "GPU Slowdown T.Limit Temp: -2 C"), so the
+    absolute threshold is current + margin - field. MEM_MAX has no fallback:
+    its value is a margin of the GPU sensor, which says nothing of HBM's own
+    temperature.
+    """
+
+    attr: str
+    kind: int
+    tlimit_field: str | None
+
+
+_THRESHOLDS = (
+    _Threshold(
+        "temperature_slowdown_celsius",
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+        "NVML_FI_DEV_TEMPERATURE_SLOWDOWN_TLIMIT",
+    ),
+    _Threshold(
+        "temperature_shutdown_celsius",
+        pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+        "NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT",
+    ),
+    _Threshold("temperature_memory_max_celsius", pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX, None),
+)
 # THROTTLE_REASONS -> (perf policy of nvmlDeviceGetViolationStatus, the field
-# value that replaces it from R580 on, by the installed binding's name).
+# value that replaces it where a driver refuses the call). nvml.h marks the
+# call DEPRECATED(13.0), a no-op macro in the CUDA 13.0 header and a compiler
+# warning from 13.1, with removal announced for CUDA 14.0: R580 still answers
+# it. Perf-policy fields 74-79 keep their ids in every header from 12.0 to 13.3.
 _THROTTLE = {
     "power": (pynvml.NVML_PERF_POLICY_POWER, "NVML_FI_DEV_PERF_POLICY_POWER"),
     "thermal": (pynvml.NVML_PERF_POLICY_THERMAL, "NVML_FI_DEV_PERF_POLICY_THERMAL"),
@@ -217,6 +256,55 @@ _THROTTLE = {
     ),
     "reliability": (pynvml.NVML_PERF_POLICY_RELIABILITY, "NVML_FI_DEV_PERF_POLICY_RELIABILITY"),
 }
+
+
+@dataclass(frozen=True)
+class _CounterIds:
+    """The ids of the driver's cumulative clocks-event counters (ns) on the
+    driver branches from `first_branch` on, by THROTTLE_REASONS name."""
+
+    first_branch: int
+    ids: Mapping[str, int]
+
+
+# Field names of the counters, by THROTTLE_REASONS name. "thermal" is the
+# SW thermal counter: nvml.h's translation table for the deprecated
+# nvmlDeviceGetViolationStatus maps NVML_PERF_POLICY_THERMAL to
+# NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN.
+_COUNTER_NAMES = {
+    "thermal": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "hw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "hw_power_brake_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+}
+# The counters' ids moved between headers, and each id names another field on
+# other branches, so the id is chosen by the driver's branch, never taken from
+# the installed binding (nvml.h, NVIDIA/go-nvml gen/nvml/nvml.h, by CUDA release):
+# - 12.8 (R570): no counters; 251-253 are NVML_FI_PWR_SMOOTHING_ENABLED,
+#   _PRIV_LVL and _IMM_RAMP_DOWN_ENABLED.
+# - 12.9 (R575) and 13.0 (R580): 251, 252, 253; 269-271 are power smoothing
+#   fields (ACTIVE_PRESET_PROFILE, ADMIN_OVERRIDE_PERCENT_TMP_FLOOR, _RAMP_UP_RATE).
+# - 13.1 (R590) to 13.3: 269, 270, 271; 251-253 are power smoothing again.
+_COUNTER_IDS = (
+    _CounterIds(575, {"thermal": 251, "hw_thermal_slowdown": 252, "hw_power_brake_slowdown": 253}),
+    _CounterIds(590, {"thermal": 269, "hw_thermal_slowdown": 270, "hw_power_brake_slowdown": 271}),
+)
+
+
+# THROTTLE_REASONS that only the counters give (no perf policy counts them).
+_COUNTED_ONLY = tuple(reason for reason in THROTTLE_REASONS if reason not in _THROTTLE)
+
+
+def counter_ids(driver_version: str | None) -> Mapping[str, int]:
+    """The clocks-event counter ids the driver `driver_version` answers; none
+    when its branch predates them or cannot be told from the version."""
+    branch = _driver_branch(driver_version)
+    chosen: Mapping[str, int] = {}
+    for table in _COUNTER_IDS:
+        if branch >= table.first_branch:
+            chosen = table.ids
+    return chosen
+
+
 _ECC_TYPES = {
     "corrected": pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
     "uncorrected": pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
@@ -365,6 +453,7 @@ class _FieldRequest:
     target: dict[Any, Any]
     key: Any
     convert: Callable[[float | int], float | int]
+    field_id: int | None = None  # set where the id is ours, not the binding's
 
 
 class _Gpu:
@@ -448,18 +537,24 @@ class _GpuRead:
         key: Any,
         convert: Callable[[float | int], float | int] = float,
         scope: int = 0,
+        field_id: int | None = None,
     ) -> None:
         if self._availability.refused(self.index, subject, field_name, self.now):
             return
-        if _binding(field_name) is None:
+        if field_id is None and _binding(field_name) is None:
             self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
             return
-        self._requests.append(_FieldRequest(subject, field_name, scope, target, key, convert))
+        self._requests.append(
+            _FieldRequest(subject, field_name, scope, target, key, convert, field_id)
+        )
 
     def fetch_fields(self) -> None:
         if not self._requests:
             return
-        ids = [(_binding(r.field_name), r.scope) for r in self._requests]
+        ids = [
+            (_binding(r.field_name) if r.field_id is None else r.field_id, r.scope)
+            for r in self._requests
+        ]
         # The batch answers SUCCESS whatever each field says (nvml.h): only a
         # field's own answer shows that the GPU answers.
         answered = self.answered
@@ -514,6 +609,36 @@ def _read_temperatures(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample,
         "temperature_memory_celsius",
     )
+    _read_thresholds(read, sample, temperature)
+
+
+def _read_thresholds(read: _GpuRead, sample: dict[str, Any], temperature: int | None) -> None:
+    refused: list[tuple[str, str]] = []  # (attr, TLIMIT field)
+    for threshold in _THRESHOLDS:
+        value = read.call(
+            threshold.attr,
+            "nvmlDeviceGetTemperatureThreshold",
+            threshold.kind,
+            then=(
+                f"reading {threshold.tlimit_field} instead"
+                if threshold.tlimit_field
+                else "left absent (checks use their configured limit)"
+            ),
+        )
+        if value is not None:
+            sample[threshold.attr] = float(value)
+        elif threshold.tlimit_field is not None:
+            refused.append((threshold.attr, threshold.tlimit_field))
+    if not refused or temperature is None:
+        return
+    margin = read.call(
+        "temperature_margin", "nvmlDeviceGetMarginTemperature", then="thresholds left absent"
+    )
+    if margin is None:
+        return
+    t_limit = float(temperature) + float(margin)
+    for attr, tlimit_field in refused:
+        read.want(attr, tlimit_field, sample, attr, lambda past_t_limit: t_limit - past_t_limit)
 
 
 def _read_utilization(read: _GpuRead, sample: dict[str, Any]) -> None:
@@ -523,21 +648,35 @@ def _read_utilization(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample["utilization_memory_ratio"] = utilization.memory / 100
 
 
-def _read_throttle(read: _GpuRead, sample: dict[str, Any]) -> None:
+def _read_throttle(read: _GpuRead, sample: dict[str, Any], counters: Mapping[str, int]) -> None:
+    """Violation time per perf policy, and the HW slowdown counters where the
+    driver's branch has them (`counters`, from `counter_ids`)."""
     seconds: dict[str, float] = {}
     for reason, (policy, field_name) in _THROTTLE.items():
         subject = f"throttle_seconds[{reason}]"
+        name, field_id = _counter_field(reason, counters) or (field_name, None)
         violation = read.call(
-            subject,
-            "nvmlDeviceGetViolationStatus",
-            policy,
-            then=f"reading {field_name} instead",
+            subject, "nvmlDeviceGetViolationStatus", policy, then=f"reading {name} instead"
         )
         if violation is not None:
             seconds[reason] = violation.violationTime * _NANO
         else:
-            read.want(subject, field_name, seconds, reason, _scaled(_NANO))
+            read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
+    for reason in _COUNTED_ONLY:
+        counter = _counter_field(reason, counters)
+        if counter is not None:
+            name, field_id = counter
+            subject = f"throttle_seconds[{reason}]"
+            read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
     sample["throttle_seconds"] = seconds
+
+
+def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int | None] | None:
+    """(name with id, id) of the counter of `reason`, where the driver has one."""
+    field_id = counters.get(reason)
+    if field_id is None:
+        return None
+    return f"{_COUNTER_NAMES[reason]} ({field_id})", field_id
 
 
 def _read_memory_errors(read: _GpuRead, sample: dict[str, Any]) -> None:
@@ -970,6 +1109,7 @@ class NvmlSource:
             raise SourceUnavailable(f"NVML started but cannot count the GPUs: {error}") from error
         self._driver_version = self._read_driver_version()
         self._driver_branch = _driver_branch(self._driver_version)
+        self._counter_ids = counter_ids(self._driver_version)
         self._availability = _Availability()
         self._gpus = tuple(_Gpu(index) for index in range(count))
         for gpu in self._gpus:
@@ -977,6 +1117,11 @@ class NvmlSource:
         self._xids = _XidListener(clock, self._gpus, xid_thread) if config.xid_events else None
         self._closed = False
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
+        log.info(
+            "clocks-event counters: %s",
+            ", ".join(f"{r} field {i}" for r, i in self._counter_ids.items())
+            or "none on this driver branch (HW slowdown judged from reason bits only)",
+        )
 
     @staticmethod
     def _read_driver_version() -> str | None:
@@ -1041,7 +1186,7 @@ class NvmlSource:
         _read_scalars(read, _SCALARS, sample)
         _read_temperatures(read, sample)
         _read_utilization(read, sample)
-        _read_throttle(read, sample)
+        _read_throttle(read, sample, self._counter_ids)
         _read_memory_errors(read, sample)
         _read_recovery_action(read, sample)
         links = _read_links(read, self._driver_branch)
