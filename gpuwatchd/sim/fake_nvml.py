@@ -10,7 +10,9 @@ they do on a GPU node: a name the fake does not export raises
 Pointer arguments are declared `c_void_p` and cast inside. One `FakeNvml`
 delegates to a swappable model (`fake.model = ...`); tests can remove a
 function (`remove_function`) or make a function, or one field value, fail
-with any NVML error on one GPU or all (`fail`, `fail_field`).
+with any NVML error on one GPU or all (`fail`, `fail_field`), or only for
+some arguments (one link, one clock, one field's scope), as a captured node
+replays its refusals (`gpuwatchd.sim.replay`).
 
 Per generation, as HARDWARE-NOTES.md describes:
 - Volta/Ampere: `nvmlDeviceGetNvLinkErrorCounter` and the per-link `_L<n>`
@@ -202,6 +204,8 @@ class FakeNvml:
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
         self._field_errors: dict[tuple[int, int | None], int] = {}
+        self._call_errors: dict[tuple[str, int | None, tuple[int, ...]], int] = {}
+        self._scoped_field_errors: dict[tuple[int, int, int | None], int] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -261,18 +265,38 @@ class FakeNvml:
         setattr(self.library, name, prototype(self._entry(name, export)))
         pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
 
-    def fail(self, code: int, function: str | None = None, gpu: int | None = None) -> None:
+    def fail(
+        self,
+        code: int,
+        function: str | None = None,
+        gpu: int | None = None,
+        args: tuple[int, ...] | None = None,
+    ) -> None:
         """Make `function` (every device function when None) return `code` on
-        `gpu` (every GPU when None)."""
-        self._errors[function, gpu] = code
+        `gpu` (every GPU when None). With `args`, only the calls of `function`
+        whose C arguments after the device handle (all of them, for a function
+        without one) begin with `args`: one link's state, one clock, one
+        index's handle."""
+        if args is None:
+            self._errors[function, gpu] = code
+        elif function is not None:
+            self._call_errors[function, gpu, args] = code
 
     def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
         """Make one field id answer `code` in its own nvmlReturn."""
         self._field_errors[field_id, gpu] = code
 
+    def fail_field_scope(
+        self, field_id: int, scope: int, code: int, gpu: int | None = None
+    ) -> None:
+        """Make one field id answer `code` for one scope id (a link) only."""
+        self._scoped_field_errors[field_id, scope, gpu] = code
+
     def clear_failures(self) -> None:
         self._errors.clear()
         self._field_errors.clear()
+        self._call_errors.clear()
+        self._scoped_field_errors.clear()
 
     # -- the C entry points ---------------------------------------------------
 
@@ -292,16 +316,25 @@ class FakeNvml:
         if name not in ("nvmlInitWithFlags", "nvmlErrorString") and not self._initialized:
             return _UNINITIALIZED
         if not export.device:
-            return export.answer(*args)
+            error = self._call_error(name, None, args)
+            return export.answer(*args) if error is None else error
         gpu = self._index(args[0])
         if gpu is None:
             return _INVALID_ARGUMENT
         if self._model.state(gpu).lost:
             return _GPU_IS_LOST
-        error = self._configured_error(name, gpu)
+        error = self._call_error(name, gpu, args[1:])
+        if error is None:
+            error = self._configured_error(name, gpu)
         if error is not None:
             return error
         return export.answer(gpu, *args[1:])
+
+    def _call_error(self, name: str, gpu: int | None, args: tuple[Any, ...]) -> int | None:
+        for (function, on_gpu, prefix), code in self._call_errors.items():
+            if function == name and on_gpu in (gpu, None) and args[: len(prefix)] == prefix:
+                return code
+        return None
 
     def _configured_error(self, name: str, gpu: int) -> int | None:
         for key in ((name, gpu), (name, None), (None, gpu), (None, None)):
@@ -558,7 +591,7 @@ class FakeNvml:
         for value in (pynvml.c_nvmlFieldValue_t * count).from_address(address):
             value.timestamp = int(self._model.now * 1e6)
             value.latencyUsec = 0
-            error = self._field_error(gpu, value.fieldId)
+            error = self._field_error(gpu, value.fieldId, value.scopeId)
             answer = self._field(gpu, value.fieldId, value.scopeId) if error is None else error
             if isinstance(answer, int):
                 value.nvmlReturn = answer
@@ -571,7 +604,10 @@ class FakeNvml:
                 value.value.ullVal = number
         return _SUCCESS
 
-    def _field_error(self, gpu: int, field_id: int) -> int | None:
+    def _field_error(self, gpu: int, field_id: int, scope: int) -> int | None:
+        for key in ((field_id, scope, gpu), (field_id, scope, None)):
+            if key in self._scoped_field_errors:
+                return self._scoped_field_errors[key]
         configured = self._field_errors.get((field_id, gpu))
         return self._field_errors.get((field_id, None)) if configured is None else configured
 
