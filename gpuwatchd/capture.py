@@ -9,9 +9,10 @@ return code, value type and value. The InfiniBand part is the files the IB
 source reads under `<sysfs_root>/class/infiniband`, each with its text or the
 errno its read failed with.
 
-The file holds nothing from the environment, no host name and no time:
-driver and binding versions, GPU names, UUIDs and PCI bus ids, HCA board ids,
-firmware versions and node GUIDs. UUIDs and node GUIDs are identifiers, not
+The file holds nothing from the environment, no host name and no time of
+its own (NVML's timestamps stay as answered): driver and binding versions,
+GPU names, UUIDs and PCI bus ids, HCA board ids, firmware versions and node
+GUIDs besides the values. UUIDs and node GUIDs are identifiers, not
 secrets; `anonymize` replaces them (everywhere they appear) with stable
 pseudonyms for a capture that leaves the site. docs/capture.md describes the
 format; `gpuwatchd.sim.replay` runs a simulated node from it.
@@ -23,7 +24,7 @@ import ctypes
 import errno
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -48,11 +49,13 @@ PORT_FILES = ("state", "phys_state", "rate", "link_layer")
 COUNTER_FOLDERS = ("counters", "hw_counters")
 
 _SUCCESS: int = pynvml.NVML_SUCCESS
-_FIELD_NAMES: dict[int, str] = {}
-for _name in sorted(dir(pynvml), reverse=True):
-    # Several names can share an id (renamed fields): the first in order wins.
-    if _name.startswith("NVML_FI_") and isinstance(getattr(pynvml, _name), int):
-        _FIELD_NAMES[getattr(pynvml, _name)] = _name
+# Field ids by name, for readers of the file. Some ids have two names (a
+# field renamed between headers): the alphabetically first is kept.
+_FIELD_NAMES: dict[int, str] = {
+    getattr(pynvml, name): name
+    for name in sorted(dir(pynvml), reverse=True)
+    if name.startswith("NVML_FI_") and isinstance(getattr(pynvml, name), int)
+}
 _VALUE_MEMBERS = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
@@ -104,14 +107,17 @@ class Recorder:
         return value
 
     def _recording(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
+        def call(*args: Any, **keywords: Any) -> Any:
             gpu = self._gpus.get(_address(args[0])) if args and _is_handle(args[0]) else None
             rest = args[1:] if gpu is not None else args
             if name == "nvmlDeviceGetHandleByIndex":
                 gpu = int(args[0])
-            record = self._call(gpu, name, [self._plain(arg) for arg in rest])
+            plain = [self._plain(arg) for arg in rest]
+            if keywords:
+                plain.append({key: self._plain(value) for key, value in keywords.items()})
+            record = self._call(gpu, name, plain)
             try:
-                value = function(*args)
+                value = function(*args, **keywords)
             except pynvml.NVMLError as error:
                 record.add(_error_answer(int(error.value)))
                 raise
@@ -257,7 +263,7 @@ def capture_infiniband(sysfs_root: str) -> dict[str, Any]:
     files: dict[str, Answer] = {}
     folders: dict[str, Answer] = {}
 
-    def read_all(relative: str, names: Iterator[str] | tuple[str, ...] | list[str]) -> None:
+    def read_all(relative: str, names: Iterable[str]) -> None:
         for name in names:
             files[f"{relative}/{name}"] = _read(os.path.join(class_dir, relative, name))
 
@@ -295,18 +301,26 @@ def _binding_version() -> str | None:
         return None
 
 
+# What `anonymize` replaces: the answers of these calls, by GPU index.
+_GPU_IDENTIFIERS: Mapping[str, str] = {
+    "nvmlDeviceGetUUID": "GPU-00000000-0000-4000-8000-{index:012x}",
+    "nvmlDeviceGetSerial": "serial-{index}",
+}
+
+
 def anonymize(document: Mapping[str, Any]) -> dict[str, Any]:
-    """The capture with each GPU UUID and HCA node GUID replaced, wherever it
-    appears, by a pseudonym made from its position (stable across captures)."""
+    """The capture with each GPU UUID (and serial, if read) and HCA node GUID
+    replaced, wherever it appears, by a pseudonym made from its position
+    (stable across captures)."""
     pseudonyms: dict[str, str] = {}
-    for gpu in (document.get("nvml") or {}).get("gpus", ()):
+    for gpu in gpu_documents(document):
         for call in gpu["calls"]:
-            if call["function"] == "nvmlDeviceGetUUID":
-                for answer in call["answers"]:
-                    if isinstance(answer.get("value"), str):
-                        pseudonyms[answer["value"]] = (
-                            f"GPU-00000000-0000-4000-8000-{gpu['index']:012x}"
-                        )
+            pattern = _GPU_IDENTIFIERS.get(call["function"])
+            if pattern is None:
+                continue
+            for answer in call["answers"]:
+                if isinstance(answer.get("value"), str):
+                    pseudonyms[answer["value"]] = pattern.format(index=gpu["index"])
     guids = sorted(
         path
         for path in (document.get("infiniband") or {}).get("files", {})
@@ -439,7 +453,7 @@ def summary(document: Mapping[str, Any]) -> str:
             for entry in gpu["calls"] + gpu["fields"]
             if entry["answers"] and not succeeded(entry["answers"][0])
         )
-        gpus = f"{len(gpu_documents(document))} GPU(s), {refused} refused call(s) or field(s)"
+        gpus = f"{len(gpu_documents(document))} GPU(s), {refused} NVML error answer(s)"
     infiniband = document.get("infiniband")
     if infiniband is None:
         hcas = "InfiniBand not captured"

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 import pynvml
@@ -110,7 +111,7 @@ def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_version
 ) -> None:
     document = capture.load(_capture_of(tmp_path))
     assert document["format"] == "gpuwatchd-capture" and document["version"] == 1
-    assert document["binding"]["version"] == pynvml_version()
+    assert document["binding"]["version"] == metadata.version("nvidia-ml-py")
     nvml = document["nvml"]
     assert nvml["available"] is True
     driver = next(c for c in nvml["system"] if c["function"] == "nvmlSystemGetDriverVersion")
@@ -134,12 +135,6 @@ def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_version
     assert infiniband["present"] is True
     assert capture.hca_names(document) == ("mlx5_0", "mlx5_1")
     assert infiniband["files"]["mlx5_1/ports/1/state"] == {"text": "4: ACTIVE"}
-
-
-def pynvml_version() -> str:
-    from importlib import metadata
-
-    return metadata.version("nvidia-ml-py")
 
 
 def test_the_same_node_captured_twice_gives_the_same_bytes(tmp_path: Path) -> None:
@@ -348,7 +343,10 @@ def test_cli_capture_writes_a_file_a_scenario_runs_on(tmp_path: Path) -> None:
         main, ["capture", "--simulate", str(scenario_file), "--out", str(out), "--anonymize"]
     )
     assert result.exit_code == 0, result.output
-    assert "captured 2 GPU(s)" in result.stderr and "2 InfiniBand device(s)" in result.stderr
+    assert (
+        "captured 2 GPU(s), 42 NVML error answer(s)" in result.stderr
+        and "2 InfiniBand device(s)" in result.stderr
+    )
     document = capture.load(out)
     assert document["anonymized"] is True
     shape = scenarios.load(str(out)).node

@@ -204,7 +204,8 @@ class FakeNvml:
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
         self._field_errors: dict[tuple[int, int | None], int] = {}
-        self._call_errors: dict[tuple[str, int | None, tuple[int, ...]], int] = {}
+        # function -> (GPU, leading arguments) -> code
+        self._call_errors: dict[str, dict[tuple[int | None, tuple[int, ...]], int]] = {}
         self._scoped_field_errors: dict[tuple[int, int, int | None], int] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
@@ -280,7 +281,7 @@ class FakeNvml:
         if args is None:
             self._errors[function, gpu] = code
         elif function is not None:
-            self._call_errors[function, gpu, args] = code
+            self._call_errors.setdefault(function, {})[gpu, args] = code
 
     def fail_field(self, field_id: int, code: int, gpu: int | None = None) -> None:
         """Make one field id answer `code` in its own nvmlReturn."""
@@ -331,8 +332,8 @@ class FakeNvml:
         return export.answer(gpu, *args[1:])
 
     def _call_error(self, name: str, gpu: int | None, args: tuple[Any, ...]) -> int | None:
-        for (function, on_gpu, prefix), code in self._call_errors.items():
-            if function == name and on_gpu in (gpu, None) and args[: len(prefix)] == prefix:
+        for (on_gpu, prefix), code in self._call_errors.get(name, {}).items():
+            if on_gpu in (gpu, None) and args[: len(prefix)] == prefix:
                 return code
         return None
 

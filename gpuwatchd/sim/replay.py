@@ -57,9 +57,10 @@ log = logging.getLogger(__name__)
 
 _SUCCESS: int = pynvml.NVML_SUCCESS
 _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
-# Calls whose arguments name things of the capturing process (event sets):
+# Calls whose arguments the fake cannot match (an event set of the capturing
+# process; a batch of field values, whose fields are refused one by one):
 # their refusals are replayed for every argument, and they are not asked back.
-_PROCESS_CALLS = frozenset({"nvmlDeviceRegisterEvents", "nvmlDeviceGetFieldValues"})
+_WHOLE_CALLS = frozenset({"nvmlDeviceRegisterEvents", "nvmlDeviceGetFieldValues"})
 
 
 class CapturedFabric:
@@ -319,7 +320,7 @@ def _refuse_call(fake: FakeNvml, call: Mapping[str, Any], gpu: int | None) -> No
     if function == "nvmlDeviceGetHandleByIndex":
         gpu = None  # a system call: its argument is the index
     device = gpu is not None
-    int_args = _int_args(args) if function not in _PROCESS_CALLS else None
+    int_args = _int_args(args) if function not in _WHOLE_CALLS else None
     if not device and int_args is None:
         return  # an event set's wait or free: the capturing process's own
     probe_args = tuple(_probe_arg(arg) for arg in args)
@@ -372,7 +373,7 @@ def _differences(fake: FakeNvml, document: Mapping[str, Any]) -> list[str]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             for call in gpu["calls"]:
                 args = _int_args(call["args"])
-                if call["function"] in _PROCESS_CALLS or args is None or not call["answers"]:
+                if call["function"] in _WHOLE_CALLS or args is None or not call["answers"]:
                     continue
                 if call["function"] == "nvmlDeviceGetHandleByIndex":
                     continue
