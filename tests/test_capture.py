@@ -96,14 +96,18 @@ def _original_and_replayed(
             refuse(node.nvml)
         original = _poll(node, clock)
     replay_text = f"node: {{capture: {path.name}}}\nseed: 7\n"
-    scenario = scenarios.parse(replay_text, "replay", str(tmp_path))
+    replayed, node = _replay_poll(scenarios.parse(replay_text, "replay", str(tmp_path)), tmp_path)
+    return original, replayed, node
+
+
+def _replay_poll(scenario: scenarios.Scenario, tmp_path: Path) -> tuple[Reading, SimulatedNode]:
+    """One poll of the node a scenario on a capture simulates."""
     clock = FakeClock()
-    replayed_node = SimulatedNode(scenario, tmp_path / "replayed", clock.now()).install()
+    node = SimulatedNode(scenario, tmp_path / "replayed", clock.now()).install()
     try:
-        replayed = _poll(replayed_node, clock)
+        return _poll(node, clock), node
     finally:
-        replayed_node.uninstall()
-    return original, replayed, replayed_node
+        node.uninstall()
 
 
 def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_versions(
@@ -187,13 +191,7 @@ def test_captured_counters_are_where_the_replay_starts(tmp_path: Path) -> None:
         if entry["id"] == DL_CRC and entry["scope"] == 9:
             entry["answers"] = [{"return": 0, "type": 3, "value": 4242}]
     path.write_text(capture.dumps(document))
-    scenario = scenarios.parse(f"node: {{capture: {path}}}\n", "counters")
-    clock = FakeClock()
-    node = SimulatedNode(scenario, tmp_path / "replayed", clock.now()).install()
-    try:
-        reading = _poll(node, clock)
-    finally:
-        node.uninstall()
+    reading, _ = _replay_poll(scenarios.parse(f"node: {{capture: {path}}}\n", "counters"), tmp_path)
     assert reading.gpus is not None
     gpu0 = reading.gpus[0]
     assert gpu0.ecc_errors["corrected", "aggregate"] == 12
@@ -396,3 +394,21 @@ def test_gpuwatchd_run_on_the_fixture_answers_status(tmp_path: Path) -> None:
     ]
     assert document["node"]["health"] == "healthy"
     assert document["sources"]["nvml"]["up"] and document["sources"]["infiniband"]["up"]
+
+
+def test_a_gpu_lost_when_captured_is_lost_in_the_replay(tmp_path: Path) -> None:
+    lost_node = H100_NODE + "faults: [{at: 0s, kind: gpu_lost, gpu: 1}]\n"
+    with _node(lost_node, tmp_path / "sysfs") as (clock, node, config):
+        document = capture.capture_node(config, clock, before_poll=node.advance)
+    gpu1 = capture.gpu_documents(document)[1]
+    assert capture.first_answer(gpu1, "nvmlDeviceGetHandleByIndex", 1) == {
+        "return": pynvml.NVML_ERROR_GPU_IS_LOST,
+        "error": "GPU is lost",
+    }
+    path = tmp_path / "lost.capture.json"
+    path.write_text(capture.dumps(document))
+    reading, node = _replay_poll(scenarios.load(str(path)), tmp_path)
+    assert node.captured is not None and node.captured.differences == []
+    assert reading.gpus is not None
+    assert [gpu.up for gpu in reading.gpus] == [True, False]
+    assert reading.gpus[0].name == "NVIDIA H100 80GB HBM3"
