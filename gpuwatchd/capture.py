@@ -74,16 +74,17 @@ class CaptureError(ValueError):
     """A capture file that cannot be used; the message names the file."""
 
 
+def _add(answers: list[Answer], answer: Answer) -> None:
+    # A value that holds still is one answer; one that moves, one per change.
+    if not answers or answers[-1] != answer:
+        answers.append(answer)
+
+
 @dataclass
 class _Call:
     function: str
     args: list[Any]
     answers: list[Answer] = field(default_factory=list)
-
-    def add(self, answer: Answer) -> None:
-        # A value that holds still is one answer; one that moves, one per change.
-        if not self.answers or self.answers[-1] != answer:
-            self.answers.append(answer)
 
 
 def _error_answer(code: int) -> Answer:
@@ -119,15 +120,15 @@ class Recorder:
             try:
                 value = function(*args, **keywords)
             except pynvml.NVMLError as error:
-                record.add(_error_answer(int(error.value)))
+                _add(record.answers, _error_answer(int(error.value)))
                 raise
             if name == "nvmlDeviceGetHandleByIndex" and gpu is not None:
                 self._gpus[_address(value)] = gpu
             if name == "nvmlDeviceGetFieldValues" and gpu is not None:
                 self._record_fields(gpu, value)
-                record.add({"value": f"{len(value)} field values (see fields)"})
+                _add(record.answers, {"value": f"{len(value)} field values (see fields)"})
             else:
-                record.add({"value": self._plain(value)})
+                _add(record.answers, {"value": self._plain(value)})
             return value
 
         return call
@@ -147,9 +148,7 @@ class Recorder:
                 member = _VALUE_MEMBERS.get(int(value.valueType))
                 number = getattr(value.value, member) if member else bytes(value.value).hex()
                 answer = {"return": code, "type": int(value.valueType), "value": number}
-            answers = self._fields.setdefault((gpu, int(value.fieldId), int(value.scopeId)), [])
-            if not answers or answers[-1] != answer:
-                answers.append(answer)
+            _add(self._fields.setdefault((gpu, int(value.fieldId), int(value.scopeId)), []), answer)
 
     def _plain(self, value: Any) -> Any:
         """JSON-ready data for a binding's value or argument."""
@@ -349,6 +348,15 @@ def _replace_strings(value: Any, pseudonyms: Mapping[str, str]) -> Any:
 def dumps(document: Mapping[str, Any]) -> str:
     """The file's text: the same capture always gives the same bytes."""
     return json.dumps(document, indent=1, sort_keys=True) + "\n"
+
+
+def is_capture(text: str) -> bool:
+    """Whether a file's text is a capture (of any version)."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(document, dict) and document.get("format") == FORMAT
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -412,3 +412,10 @@ def test_a_gpu_lost_when_captured_is_lost_in_the_replay(tmp_path: Path) -> None:
     assert reading.gpus is not None
     assert [gpu.up for gpu in reading.gpus] == [True, False]
     assert reading.gpus[0].name == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_scenario_written_in_json_is_still_a_scenario(tmp_path: Path) -> None:
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps({"node": {"gpus": 3}, "faults": []}))
+    scenario = scenarios.load(str(path))
+    assert scenario.node.gpus == 3 and scenario.node.capture is None

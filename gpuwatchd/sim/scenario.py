@@ -277,17 +277,17 @@ def builtin_names() -> list[str]:
 
 
 def load(name_or_path: str | None) -> Scenario:
-    """A scenario from a file path, a capture file (`.json`, no faults), or a
+    """A scenario from a file path, a capture file (run with no faults), or a
     built-in by name (`default` when None)."""
     name = name_or_path or BUILTIN_DEFAULT
     path = Path(name)
-    if path.suffix == ".json":
-        return Scenario(node=captured_shape(name, name), name=name)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as error:
             raise ScenarioError(f"{name}: cannot read: {error.strerror}") from error
+        if captures.is_capture(text):
+            return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
     if not builtin.is_file():
