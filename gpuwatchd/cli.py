@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
 import click
 
 from gpuwatchd import __version__, logs
+from gpuwatchd import capture as captures
 from gpuwatchd.actions.client import (
     DaemonClient,
     DaemonDown,
@@ -31,7 +33,7 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
-from gpuwatchd.assemble import build_daemon
+from gpuwatchd.assemble import build_daemon, simulate
 from gpuwatchd.canary.cli import canary
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
@@ -44,6 +46,7 @@ from gpuwatchd.config import (
 from gpuwatchd.notify import Notifier
 from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
 from gpuwatchd.settings import SettingsError
+from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import render_quarantines, render_table
@@ -313,6 +316,64 @@ def journal(
 
 
 main.add_command(canary)
+
+
+@main.command("capture")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default="-",
+    help="Write the capture to this file (default: standard output).",
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@click.option(
+    "--sysfs-root", type=click.Path(file_okay=False), help="Read InfiniBand under this root."
+)
+@click.option(
+    "--polls",
+    type=click.IntRange(1, 10),
+    default=captures.DEFAULT_POLLS,
+    show_default=True,
+    help="How many polls to record.",
+)
+@click.option(
+    "--anonymize", is_flag=True, help="Replace GPU UUIDs and HCA node GUIDs with pseudonyms."
+)
+@click.option(
+    "--simulate",
+    "simulated",
+    metavar="SCENARIO",
+    help="Capture a simulated node instead (a scenario file or built-in name).",
+)
+def capture(
+    out: str,
+    config_path: str | None,
+    sysfs_root: str | None,
+    polls: int,
+    anonymize: bool,
+    simulated: str | None,
+) -> None:
+    """Record every answer this node's NVML and InfiniBand sources get, in one
+    file a scenario can run on (`node: {capture: FILE}`; docs/capture.md)."""
+    config = _apply_overrides(_load(config_path), None, None, None, (), sysfs_root)
+    logs.setup(config.daemon.log_level, journal=False)
+    clock = SystemClock()
+    with ExitStack() as stack:
+        before_poll = None
+        if simulated is not None:
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-capture-"))
+            try:
+                config, node = simulate(config, clock, scenarios.load(simulated), Path(root))
+            except ScenarioError as error:
+                raise click.ClickException(str(error)) from error
+            stack.callback(node.uninstall)
+            before_poll = node.advance
+        document = captures.capture_node(config, clock, polls, before_poll)
+    if anonymize:
+        document = captures.anonymize(document)
+    with click.open_file(out, "w", encoding="utf-8", atomic=out != "-") as stream:
+        stream.write(captures.dumps(document))
+    click.echo(f"captured {captures.summary(document)}", err=True)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ they do on a GPU node: a name the fake does not export raises
 Pointer arguments are declared `c_void_p` and cast inside. One `FakeNvml`
 delegates to a swappable model (`fake.model = ...`); tests can remove a
 function (`remove_function`) or make a function, or one field value, fail
-with any NVML error on one GPU or all (`fail`, `fail_field`).
+with any NVML error on one GPU or all (`fail`, `fail_field`), or only for
+some arguments (one link, one clock, one field's scope), as a captured node
+replays its refusals (`gpuwatchd.sim.replay`).
 
 Per generation, as HARDWARE-NOTES.md describes:
 - Volta/Ampere: `nvmlDeviceGetNvLinkErrorCounter` and the per-link `_L<n>`
@@ -294,7 +296,8 @@ class FakeNvml:
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
         self._field_errors: dict[tuple[int, int | None, int | None], int] = {}
-        self._link_errors: dict[tuple[str, int | None, int], int] = {}
+        # function -> (GPU, leading arguments) -> code
+        self._call_errors: dict[str, dict[tuple[int | None, tuple[int, ...]], int]] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -350,11 +353,23 @@ class FakeNvml:
         setattr(self.library, name, prototype(self._entry(name, export)))
         pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
 
-    def fail(self, code: int, function: str | None = None, gpu: int | None = None) -> None:
+    def fail(
+        self,
+        code: int,
+        function: str | None = None,
+        gpu: int | None = None,
+        args: tuple[int, ...] | None = None,
+    ) -> None:
         """Make `function` (every device function when None) return `code` on
         `gpu` (every GPU when None); a system function such as
-        `nvmlEventSetWait_v2` fails for every caller."""
-        self._errors[function, gpu] = code
+        `nvmlEventSetWait_v2` fails for every caller. With `args`, only the
+        calls of `function` whose C arguments after the device handle (all of
+        them, for a function without one) begin with `args`: one link's state,
+        one clock, one index's handle."""
+        if args is None:
+            self._errors[function, gpu] = code
+        elif function is not None:
+            self._call_errors.setdefault(function, {})[gpu, args] = code
 
     def fail_field(
         self, field_id: int, code: int, gpu: int | None = None, scope: int | None = None
@@ -366,12 +381,12 @@ class FakeNvml:
     def fail_link(self, code: int, function: str, link: int, gpu: int | None = None) -> None:
         """Make an NVLink function (`nvmlDeviceGetNvLinkState`,
         `nvmlDeviceGetNvLinkErrorCounter`) return `code` for one link."""
-        self._link_errors[function, gpu, link] = code
+        self.fail(code, function, gpu, args=(link,))
 
     def clear_failures(self) -> None:
         self._errors.clear()
         self._field_errors.clear()
-        self._link_errors.clear()
+        self._call_errors.clear()
 
     # -- the C entry points ---------------------------------------------------
 
@@ -391,13 +406,17 @@ class FakeNvml:
         if name not in ("nvmlInitWithFlags", "nvmlErrorString") and not self._initialized:
             return _UNINITIALIZED
         if not export.device:
-            failure = self._errors.get((name, None))
-            return export.answer(*args) if failure is None else failure
+            error = self._call_error(name, None, args) or self._errors.get((name, None))
+            return export.answer(*args) if error is None else error
         gpu = self._index(args[0])
         if gpu is None:
             return _INVALID_ARGUMENT
         link = args[1] if name in _LINK_CALLS else None
-        error = self._gpu_error(gpu) or self._configured_error(name, gpu, link)
+        error = (
+            self._gpu_error(gpu)
+            or self._call_error(name, gpu, args[1:])
+            or self._configured_error(name, gpu, link)
+        )
         if error is None:
             return export.answer(gpu, *args[1:])
         if name == "nvmlDeviceGetFieldValues":
@@ -418,6 +437,12 @@ class FakeNvml:
         # it can be used again"; gpud reads it from any call as ErrGPURequiresReset.
         if state.reset_required:
             return _RESET_REQUIRED
+        return None
+
+    def _call_error(self, name: str, gpu: int | None, args: tuple[Any, ...]) -> int | None:
+        for (on_gpu, prefix), code in self._call_errors.get(name, {}).items():
+            if on_gpu in (gpu, None) and args[: len(prefix)] == prefix:
+                return code
         return None
 
     def _configured_error(self, name: str, gpu: int, link: int | None = None) -> int | None:
@@ -695,19 +720,12 @@ class FakeNvml:
 
     # -- NVLink ----------------------------------------------------------------
 
-    def _link_error(self, function: str, gpu: int, link: int) -> int | None:
-        configured = self._link_errors.get((function, gpu, link))
-        return self._link_errors.get((function, None, link)) if configured is None else configured
-
     def _nvlink_state(self, gpu: int, link: int, value: int | None) -> int:
         if link >= pynvml.NVML_NVLINK_MAX_LINKS:
             return _INVALID_ARGUMENT
         links = self._state(gpu).links
         if link >= len(links):
             return _NOT_SUPPORTED
-        error = self._link_error("nvmlDeviceGetNvLinkState", gpu, link)
-        if error is not None:
-            return error
         return _put(ctypes.c_uint, value, int(links[link].active))
 
     def _nvlink_counter(self, gpu: int, link: int, counter: int, value: int | None) -> int:
@@ -715,9 +733,6 @@ class FakeNvml:
         # Blackwell removed the call (HARDWARE-NOTES; nvml.h points to the COUNT fields).
         if spec.at_least("blackwell") or link >= len(links):
             return _NOT_SUPPORTED
-        error = self._link_error("nvmlDeviceGetNvLinkErrorCounter", gpu, link)
-        if error is not None:
-            return error
         kind = _ERROR_COUNTERS.get(counter)
         if kind is None or (spec.at_least("hopper") and kind not in _HOPPER_COUNTERS):
             return _NOT_SUPPORTED

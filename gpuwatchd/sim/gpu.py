@@ -20,6 +20,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
@@ -79,6 +80,8 @@ _POWER_CAP_REASON = CLOCKS_EVENT_REASONS["sw_power_cap"]
 _POWER_BRAKE_REASONS = (
     CLOCKS_EVENT_REASONS["hw_power_brake_slowdown"] | CLOCKS_EVENT_REASONS["hw_slowdown"]
 )
+
+K = TypeVar("K")
 
 # Bus ids of the eight GPUs of an HGX H100 baseboard, in NVML index order.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -209,6 +212,7 @@ class SimulatedGpu:
     uuid: str
     pci_bus_id: str
     nvlinks: int
+    baseline: Baseline | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,18 @@ class MemoryRepairs:
     # Row-remapper banks by spare rows left (ROW_REMAPPER_BUCKETS); empty before Ampere.
     remapper_banks: Mapping[str, int] = field(default_factory=dict)
     sram_threshold_exceeded: bool = False
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Where a captured GPU's counters and links stood when it was captured:
+    its simulation starts there (the model's own counts are added on top)."""
+
+    ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    violation_ns: Mapping[str, int] = field(default_factory=dict)
+    link_counters: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    links_down: frozenset[int] = frozenset()
+    repairs: MemoryRepairs | None = None
 
 
 @dataclass(frozen=True)
@@ -353,6 +369,52 @@ def _quantize(mhz: float, spec: GpuSpec) -> int:
     return int(round(mhz / spec.clock_step_mhz) * spec.clock_step_mhz)
 
 
+def _shifted(now: Mapping[K, int], start: Mapping[K, int], base: Mapping[K, int]) -> dict[K, int]:
+    """Counts moved so that they stood at `base` where they stood at `start`."""
+    return {
+        key: value + base[key] - start[key] if key in base else value for key, value in now.items()
+    }
+
+
+def _from_baseline(state: GpuState, start: GpuState, baseline: Baseline) -> GpuState:
+    """`state` as it reads on a GPU whose counters stood at `baseline` at 0 s."""
+    links = tuple(
+        LinkState(
+            active=link.active and index not in baseline.links_down,
+            counters=_shifted(
+                link.counters, start.links[index].counters, baseline.link_counters.get(index, {})
+            ),
+            ber=link.ber,
+        )
+        for index, link in enumerate(state.links)
+    )
+    repairs, base = state.repairs, baseline.repairs
+    if base is not None:
+        repairs = MemoryRepairs(
+            remapped_rows_correctable=base.remapped_rows_correctable
+            + repairs.remapped_rows_correctable
+            - start.repairs.remapped_rows_correctable,
+            remapped_rows_uncorrectable=base.remapped_rows_uncorrectable
+            + repairs.remapped_rows_uncorrectable
+            - start.repairs.remapped_rows_uncorrectable,
+            row_remap_pending=base.row_remap_pending or repairs.row_remap_pending,
+            row_remap_failed=base.row_remap_failed or repairs.row_remap_failed,
+            retired_pages=_shifted(
+                repairs.retired_pages, start.repairs.retired_pages, base.retired_pages
+            ),
+            retired_pages_pending=base.retired_pages_pending or repairs.retired_pages_pending,
+            remapper_banks=base.remapper_banks or repairs.remapper_banks,
+            sram_threshold_exceeded=base.sram_threshold_exceeded or repairs.sram_threshold_exceeded,
+        )
+    return replace(
+        state,
+        violation_ns=_shifted(state.violation_ns, start.violation_ns, baseline.violation_ns),
+        ecc_errors=_shifted(state.ecc_errors, start.ecc_errors, baseline.ecc_errors),
+        repairs=repairs,
+        links=links,
+    )
+
+
 class _GpuModel:
     """One GPU: its background and the scenario's faults on it."""
 
@@ -366,6 +428,7 @@ class _GpuModel:
                     f"{fault.kind} at {fault.at:g}s: GPU {gpu.index} ({gpu.spec.name}) has "
                     f"{gpu.nvlinks} NVLinks, no link {fault.link}"
                 )
+        self._start = self._own_state_at(0.0)
 
     def _of(self, kind: str, link: int | None = None) -> tuple[Fault, ...]:
         return tuple(f for f in self._faults if f.kind == kind and (link is None or f.link == link))
@@ -390,6 +453,10 @@ class _GpuModel:
         return records
 
     def state_at(self, t: float) -> GpuState:
+        state, baseline = self._own_state_at(t), self.gpu.baseline
+        return state if baseline is None else _from_baseline(state, self._start, baseline)
+
+    def _own_state_at(self, t: float) -> GpuState:
         spec, background = self.gpu.spec, self._background
         heat = max(
             (_envelope(f, t, THERMAL_RAMP_S) for f in self._of("thermal_throttle")), default=0.0
@@ -525,6 +592,22 @@ def _pci_bus_id(index: int) -> str:
     return f"00000000:{bus:02X}:00.0"
 
 
+def _scenario_gpus(scenario: Scenario) -> tuple[SimulatedGpu, ...]:
+    spec = spec_for(scenario.node.model)
+    rng = random.Random(f"{scenario.seed}/node")
+    links = min(scenario.node.nvlinks, spec.nvlinks)
+    return tuple(
+        SimulatedGpu(
+            index=index,
+            spec=spec,
+            uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
+            pci_bus_id=_pci_bus_id(index),
+            nvlinks=links,
+        )
+        for index in range(scenario.node.gpus)
+    )
+
+
 _GPU_FAULT_KINDS = frozenset(
     {
         "thermal_throttle",
@@ -572,21 +655,13 @@ class SimulatedGpus:
     their time (the first advance queues those at or before it).
     """
 
-    def __init__(self, scenario: Scenario, start: float) -> None:
-        spec = spec_for(scenario.node.model)
-        rng = random.Random(f"{scenario.seed}/node")
-        links = min(scenario.node.nvlinks, spec.nvlinks)
+    def __init__(
+        self, scenario: Scenario, start: float, gpus: tuple[SimulatedGpu, ...] | None = None
+    ) -> None:
+        """`gpus`: the static facts of each GPU, where they do not come from
+        `scenario.node` (a captured node's)."""
         self.start = start
-        self.gpus = tuple(
-            SimulatedGpu(
-                index=index,
-                spec=spec,
-                uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
-                pci_bus_id=_pci_bus_id(index),
-                nvlinks=links,
-            )
-            for index in range(scenario.node.gpus)
-        )
+        self.gpus = gpus if gpus is not None else _scenario_gpus(scenario)
         faults = tuple(f for f in scenario.faults if f.kind in _GPU_FAULT_KINDS)
         self._models = tuple(
             # A fault without a GPU (clocks_locked) is on every GPU.

@@ -2,7 +2,9 @@
 sysfs tree of InfiniBand ports, moved together to the daemon's clock.
 
 The production NVML and InfiniBand sources read it unchanged: they see the
-fake library through nvidia-ml-py and real files under `sysfs_root`.
+fake library through nvidia-ml-py and real files under `sysfs_root`. A
+scenario on a capture (`node: {capture: FILE}`) takes its GPUs, refusals and
+InfiniBand tree from the capture (`gpuwatchd.sim.replay`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.replay import CapturedFabric, CapturedNode
 from gpuwatchd.sim.scenario import Scenario
 
 
@@ -25,12 +28,20 @@ class SimulatedNode:
     ) -> None:
         self.scenario = scenario
         self.sysfs_root = sysfs_root
-        self.gpus = SimulatedGpus(scenario, start)
-        self.nvml = FakeNvml(self.gpus, max_wait_s=max_event_wait_seconds)
         # Not advanced here: the first poll does it, after the NVML source has
         # registered for XIDs (NVML replays nothing from before registration,
         # so an XID at 0s would otherwise be lost).
-        self.fabric = SimulatedFabric(scenario, sysfs_root, start)
+        self.fabric: SimulatedFabric | CapturedFabric
+        self.captured: CapturedNode | None = None
+        if scenario.node.capture is None:
+            self.gpus = SimulatedGpus(scenario, start)
+            self.nvml = FakeNvml(self.gpus, max_wait_s=max_event_wait_seconds)
+            self.fabric = SimulatedFabric(scenario, sysfs_root, start)
+        else:
+            self.captured = CapturedNode(scenario.node.capture)
+            self.gpus = SimulatedGpus(scenario, start, self.captured.gpus())
+            self.nvml = self.captured.fake(self.gpus, max_event_wait_seconds)
+            self.fabric = self.captured.fabric(sysfs_root)
 
     def advance(self, now: float) -> None:
         """Move the hardware to wall time `now` (called before every poll)."""

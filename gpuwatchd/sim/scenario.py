@@ -21,11 +21,15 @@ answer an NVML error `code` (`NOT_SUPPORTED`, `TIMEOUT`, `GPU_IS_LOST`... or
 its number) on one GPU, optionally on one NVLink only; `recovery_action` sets
 the driver's GPU recovery action (`gpu_reset`, `node_reboot`, `drain_p2p`,
 `drain_and_reset`...).
+`node: {capture: FILE}` runs on a node captured by `gpuwatchd capture` (a
+relative FILE is found beside the scenario file): its shape is the capture's,
+and the faults are checked against it (docs/capture.md).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,6 +39,7 @@ from typing import Any, Literal, get_args
 import pynvml
 import yaml
 
+from gpuwatchd import capture as captures
 from gpuwatchd.model import GPU_RECOVERY_ACTIONS
 from gpuwatchd.units import parse_duration, parse_rate
 
@@ -108,9 +113,13 @@ class NodeShape:
     model: str = DEFAULT_MODEL
     nvlinks: int = 18
     hcas: int = 8
+    capture: str | None = None  # the capture file this node replays
+    captured_hcas: tuple[str, ...] | None = None
 
     @property
     def hca_names(self) -> tuple[str, ...]:
+        if self.captured_hcas is not None:
+            return self.captured_hcas
         return tuple(f"mlx5_{index}" for index in range(self.hcas))
 
 
@@ -156,11 +165,37 @@ def _require_int(value: Any, what: str, where: str) -> int:
     return value
 
 
-def _parse_node(raw: Any, name: str) -> NodeShape:
+def captured_shape(path: str, name: str) -> NodeShape:
+    """The shape of the node a capture file holds."""
+    try:
+        document = captures.load(path)
+    except captures.CaptureError as error:
+        raise ScenarioError(f"{name}: node: {error}") from error
+    gpus = captures.gpu_documents(document)
+    models = [captures.first_value(gpu, "nvmlDeviceGetName") for gpu in gpus]
+    hcas = captures.hca_names(document)
+    return NodeShape(
+        gpus=len(gpus),
+        model=next((model for model in models if model), DEFAULT_MODEL),
+        nvlinks=max((max(captures.nvlinks(gpu), default=-1) + 1 for gpu in gpus), default=0),
+        hcas=len(hcas),
+        capture=path,
+        captured_hcas=hcas,
+    )
+
+
+def _parse_node(raw: Any, name: str, directory: str | None = None) -> NodeShape:
     if raw is None:
         return NodeShape()
     if not isinstance(raw, dict):
         raise ScenarioError(f"{name}: node must be a mapping such as {{gpus: 8}}")
+    if "capture" in raw:
+        if set(raw) != {"capture"} or not isinstance(raw["capture"], str):
+            raise ScenarioError(
+                f"{name}: node: a captured node is {{capture: FILE}} alone "
+                "(its GPUs, model, NVLinks and HCAs come from the capture)"
+            )
+        return captured_shape(os.path.join(directory or "", raw["capture"]), name)
     unknown = set(raw) - {"gpus", "model", "nvlinks", "hcas"}
     if unknown:
         raise ScenarioError(f"{name}: node: unknown key(s) {', '.join(sorted(unknown))}")
@@ -251,6 +286,11 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(
             f"{label}: hca {fault.hca!r} is not on the node (it has {', '.join(node.hca_names)})"
         )
+    if node.capture is not None and fault.kind.startswith("ib_"):
+        raise ScenarioError(
+            f"{label}: a captured node's InfiniBand tree is replayed as captured; "
+            "ib faults need a simulated fabric (a node without `capture`)"
+        )
     if fault.port is not None and fault.port != 1:
         raise ScenarioError(f"{label}: port {fault.port} out of range (each HCA has port 1)")
     if fault.ratio is not None and not 0 < fault.ratio < 1:
@@ -278,7 +318,8 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
 
 
-def parse(text: str, name: str = "scenario") -> Scenario:
+def parse(text: str, name: str = "scenario", directory: str | None = None) -> Scenario:
+    """`directory`: where a relative capture file is (the scenario file's folder)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -290,7 +331,7 @@ def parse(text: str, name: str = "scenario") -> Scenario:
     unknown = set(raw) - {"node", "seed", "faults"}
     if unknown:
         raise ScenarioError(f"{name}: unknown key(s) {', '.join(sorted(unknown))}")
-    node = _parse_node(raw.get("node"), name)
+    node = _parse_node(raw.get("node"), name, directory)
     seed = _require_int(raw.get("seed", 1), "seed", name)
     faults_raw = raw.get("faults") or []
     if not isinstance(faults_raw, list):
@@ -309,15 +350,18 @@ def builtin_names() -> list[str]:
 
 
 def load(name_or_path: str | None) -> Scenario:
-    """A scenario from a file path, or a built-in by name (`default` when None)."""
+    """A scenario from a file path, a capture file (run with no faults), or a
+    built-in by name (`default` when None)."""
     name = name_or_path or BUILTIN_DEFAULT
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as error:
             raise ScenarioError(f"{name}: cannot read: {error.strerror}") from error
-        return parse(text, str(path))
+        if captures.is_capture(text):
+            return Scenario(node=captured_shape(name, name), name=name)
+        return parse(text, str(path), str(path.parent))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
     if not builtin.is_file():
         known = ", ".join(builtin_names())

@@ -48,13 +48,14 @@ thread's waits are bounded by their one-second timeout.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
 import queue
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1223,3 +1224,19 @@ class NvmlSource:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as error:
             log.debug("nvmlShutdown: %s", error)
+
+
+@contextlib.contextmanager
+def binding(replacement: Any) -> Iterator[None]:
+    """Make this module call NVML through `replacement` instead of the
+    `pynvml` module, for the block: the seam `gpuwatchd capture` records
+    every call, value and return code through, whatever this module calls.
+    `replacement` must offer what pynvml offers (functions, constants, error
+    classes); sources made inside the block must be closed inside it."""
+    global pynvml
+    previous = pynvml
+    pynvml = replacement
+    try:
+        yield
+    finally:
+        pynvml = previous
