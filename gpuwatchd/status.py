@@ -120,7 +120,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _when(timestamp: object) -> str:
+def format_time(timestamp: object) -> str:
     if not isinstance(timestamp, int | float):
         return "-"
     moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
@@ -129,7 +129,7 @@ def _when(timestamp: object) -> str:
 
 def render_table(data: Mapping[str, Any]) -> str:
     lines = [
-        f"node health: {data['node']['health']}    as of {_when(data['time'])}"
+        f"node health: {data['node']['health']}    as of {format_time(data['time'])}"
         f"    driver {data.get('driver_version') or '-'}",
     ]
     sources = ", ".join(
@@ -200,7 +200,7 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("findings:")
         for subject in unwell:
             lines.append(
-                f"  {subject['subject']}: {subject['state']} since {_when(subject['since'])}"
+                f"  {subject['subject']}: {subject['state']} since {format_time(subject['since'])}"
             )
             for finding in subject["findings"]:
                 evidence = " ".join(f"{k}={v}" for k, v in finding["evidence"].items())
@@ -213,7 +213,7 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("quarantines:")
         for q in data["quarantines"]:
             lines.append(
-                f"  {q['subject']}: {q['reason']} ({q['source']}, since {_when(q['since'])})"
+                f"  {q['subject']}: {q['reason']} ({q['source']}, since {format_time(q['since'])})"
             )
     lines.extend(_actions_lines(data))
     return "\n".join(lines)
@@ -227,7 +227,7 @@ def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
         [
             q["subject"],
             q["source"] + (" (dry run)" if q["dry_run"] else ""),
-            _when(q["since"]),
+            format_time(q["since"]),
             q["operator"] or "-",
             "yes" if q["hardware"] else "no",
             q["reason"],

@@ -316,9 +316,10 @@ class Store:
         operator: str,
         now: float,
         events: EventsOf | None = None,
-    ) -> Decision:
+    ) -> Decision | None:
         """Quarantine a subject by hand (the CLI, with or without the daemon);
-        `events` gives the webhook events of the decision, written with it."""
+        `events` gives the webhook events of the decision, written with it.
+        None when it is already quarantined (nothing is changed)."""
         return self._manual(
             lambda state: quarantine_manually(state, subject, reason, operator, now),
             operator,
@@ -343,14 +344,22 @@ class Store:
     # --- journal --------------------------------------------------------------
 
     def journal(
-        self, since: float | None = None, subject: str | None = None, limit: int = 1000
+        self,
+        since: float | None = None,
+        subject: str | None = None,
+        limit: int = 1000,
+        until: float | None = None,
     ) -> tuple[JournalEntry, ...]:
-        """Entries from `since` on (oldest first), of one subject or all, at most `limit`."""
+        """Entries from `since` on, before `until` (oldest first), of one
+        subject or all, at most `limit`."""
         conditions = ["1"]
         parameters: list[Any] = []
         if since is not None:
             conditions.append("time >= ?")
             parameters.append(since)
+        if until is not None:
+            conditions.append("time < ?")
+            parameters.append(until)
         if subject is not None:
             conditions.append("subject = ?")
             parameters.append(subject)
@@ -605,11 +614,13 @@ class Store:
         events: EventsOf | None,
     ) -> D:
         with self._writing() as db:
-            result = change(self._state(db))
+            prior = self._state(db)
+            result = change(prior)
             if result.decision is not None:
                 self._write_state(db, result.state)
                 db.execute("UPDATE policy_state SET revision = revision + 1")
                 _journal_decision(db, result.decision, operator)
+                _journal_manual_health(db, prior, result.state, result.decision, operator)
                 if events is not None:
                     _enqueue(db, events(result.decision))
             return result.decision
@@ -830,6 +841,34 @@ def _journal_decision(db: sqlite3.Connection, decision: Decision, operator: str 
         source=decision.source,
         operator=operator,
         dry_run=decision.dry_run,
+    )
+
+
+def _journal_manual_health(
+    db: sqlite3.Connection,
+    prior: PolicyState,
+    after: PolicyState,
+    decision: Decision,
+    operator: str,
+) -> None:
+    """The health change a manual decision makes, journaled as a poll's are:
+    the next poll starts from the new health and so never reports it."""
+    before_state = prior.subject(decision.subject)
+    after_state = after.subject(decision.subject)
+    if after_state is None:
+        return
+    before = before_state.health.label if before_state is not None else "new"
+    if before == after_state.health.label:
+        return
+    _insert(
+        db,
+        kind="health_changed",
+        time=decision.time,
+        subject=decision.subject,
+        message=f"{before} -> {after_state.health.label}",
+        source=decision.source,
+        operator=operator,
+        data={"before": before, "after": after_state.health.label},
     )
 
 

@@ -126,7 +126,74 @@ def test_status_when_no_daemon_runs_names_the_address() -> None:
 
 def test_run_rejects_a_broken_config_naming_the_line(tmp_path: Path) -> None:
     config = tmp_path / "broken.yaml"
-    config.write_text("daemon:\n  poll_interval: 10\n  listen: nowhere\n")
+    config.write_text("daemon:\n  poll_interval: 10s\n  listen: nowhere\n")
     result = CliRunner().invoke(main, ["run", "--config", str(config), "--simulate"])
     assert result.exit_code == 1
     assert f"{config}:3: daemon.listen: listen must be HOST:PORT" in result.output
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", "run", "--interval", "200ms", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _exported(process: subprocess.Popen[str]) -> dict[str, str]:
+    """The variables of the `export ...` line a simulated daemon prints."""
+    assert process.stderr is not None
+    for _ in range(200):  # the line comes within the first few
+        line = process.stderr.readline()
+        if line.startswith("export "):
+            words = line.split("#", 1)[0].split()[1:]
+            return dict(word.split("=", 1) for word in words)
+        if not line:
+            break
+    raise AssertionError("the simulated daemon printed no export line")
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=10)
+    assert process.returncode == 0
+
+
+def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start("--simulate", "--listen", f"127.0.0.1:{port}")
+    try:
+        env = _exported(process)
+        assert env["GPUWATCHD_NODE"] == url
+        state_dir = Path(env["GPUWATCHD_STATE_DIR"])
+        _wait_for_poll(url, process)
+        cli = CliRunner(env=env)
+        added = cli.invoke(main, ["quarantine", "add", "gpu:3", "--reason", "fans at 100%"])
+        assert added.output == "quarantined gpu:3: fans at 100%\n"
+        journal = cli.invoke(main, ["journal", "--subject", "gpu:3"])
+        assert journal.exit_code == 0 and "quarantine gpu:3 (manual" in journal.output
+        local = cli.invoke(main, ["journal", "--subject", "gpu:3"], env={"GPUWATCHD_NODE": None})
+        assert local.output == journal.output
+        assert (state_dir / "state.db").exists()
+    finally:
+        _stop(process)
+    assert not state_dir.exists()  # a scratch directory: the run's own
+
+
+def test_a_simulated_daemon_keeps_the_config_state_dir_and_its_journal(tmp_path: Path) -> None:
+    port = _free_port()
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text(f"daemon: {{listen: '127.0.0.1:{port}', state_dir: '{tmp_path / 'st8'}'}}\n")
+    process = _start("--simulate", "--config", str(config))
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+        added = CliRunner().invoke(
+            main, ["quarantine", "add", "node", "--reason", "drill", "--config", str(config)]
+        )
+        assert added.output == "quarantined node: drill\n"
+    finally:
+        _stop(process)
+    journal = CliRunner().invoke(main, ["journal", "--config", str(config), "--subject", "node"])
+    assert journal.exit_code == 0 and "quarantine node (manual" in journal.output

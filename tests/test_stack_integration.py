@@ -49,7 +49,7 @@ pytestmark = [
 
 def _demo_stack() -> ModuleType:
     # The script has no .py suffix, so it is loaded by path.
-    loader = importlib.machinery.SourceFileLoader("demo_stack", str(REPO / "scripts/demo-stack"))
+    loader = importlib.machinery.SourceFileLoader("demo_stack", str(REPO / "scripts/demo_stack.py"))
     spec = importlib.util.spec_from_loader("demo_stack", loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
