@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -91,6 +92,9 @@ def test_run_simulate_serves_metrics_and_status_then_stops_on_sigterm(
     _, stderr = process.communicate(timeout=10)
     assert process.returncode == 0
     assert 'msg="received SIGTERM, stopping"' in stderr
+    # In a terminal (no journald to stamp them) every log line starts with its UTC time.
+    logged = [line for line in stderr.splitlines() if "level=" in line]
+    assert logged and all(re.match(r"time=\d{4}-\d\d-\d\dT[\d:.]+Z level=", x) for x in logged)
 
 
 def test_run_without_nvml_says_so_and_suggests_simulate(tmp_path: Path) -> None:
@@ -197,3 +201,19 @@ def test_a_simulated_daemon_keeps_the_config_state_dir_and_its_journal(tmp_path:
         _stop(process)
     journal = CliRunner().invoke(main, ["journal", "--config", str(config), "--subject", "node"])
     assert journal.exit_code == 0 and "quarantine node (manual" in journal.output
+
+
+def test_log_level_on_the_command_line_overrides_the_config(tmp_path: Path) -> None:
+    port = _free_port()
+    process = _start(
+        "--simulate", "calm", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"
+    )
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert "export GPUWATCHD_STATE_DIR=" in stderr  # not a log line: always shown
+    assert "level=info" not in stderr
+    verbose = CliRunner().invoke(main, ["run", "-v", "--log-level", "loud"])
+    assert verbose.exit_code == 2 and "'loud' is not one of" in verbose.output
