@@ -10,6 +10,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import ssl
 import sys
 import tempfile
@@ -115,11 +116,15 @@ def _apply_overrides(
     return replace(config, daemon=daemon, sources=chosen)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="gpuwatchd")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
     exports it to Prometheus and acts on quarantine decisions."""
+    if ctx.invoked_subcommand is None:
+        # Asked for nothing: the help is the answer, not a usage error.
+        click.echo(ctx.get_help())
 
 
 @main.command()
@@ -179,6 +184,7 @@ def run(
     config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
     level = "debug" if verbose else log_level or config.daemon.log_level
     logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
+    _check_listen_free(config.daemon.listen)
     with ExitStack() as stack:
         scratch = None
         # A simulated node never writes into the real node's state directory:
@@ -230,6 +236,22 @@ def run(
             _tell_where(scratch, server.url, config)
         daemon.run(Notifier())
     log.info("stopped")
+
+
+def _check_listen_free(listen: str) -> None:
+    """Refuse a taken address before NVML starts and files are written; the
+    server's own bind, later, still decides (something may take it between)."""
+    host, port = parse_listen(listen)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As the server binds: a port in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {listen}: {error.strerror or error}"
+        ) from error
 
 
 def _tell_where(state_dir: str, url: str, config: Config) -> None:
@@ -520,10 +542,9 @@ def _offline(target: _Target) -> Iterator[Offline]:
     try:
         with Offline(target.config, target.state_dir) as offline:
             yield offline
-    except StoreError as error:
+    except (StoreError, ValueError) as error:
+        # Exit 1 like the daemon's refusal of the same subject.
         raise click.ClickException(str(error)) from error
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from error
 
 
 def _daemon_or_database(
@@ -598,10 +619,9 @@ def quarantine_add(
         return document["decision"], document["quarantine"]
 
     def missing(database: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-        raise click.BadParameter(
+        raise click.ClickException(
             f"{subject}: gpuwatchd is not running and there is no {database}, so whether this "
-            "node has it is unknown; start gpuwatchd once, or quarantine node",
-            param_hint="SUBJECT",
+            "node has it is unknown; start gpuwatchd once, or quarantine node"
         )
 
     def local(offline: Offline) -> tuple[dict[str, Any] | None, dict[str, Any]]:

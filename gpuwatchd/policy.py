@@ -164,7 +164,7 @@ def validate_subject(subject: str) -> str:
     if not SUBJECT_PATTERN.match(subject):
         raise ValueError(
             f"not a subject: {subject!r} "
-            "(node, gpu:<index>, nvlink:<gpu>/<link> or ib:<device>/<port>)"
+            "(node, gpu:<index>, gpu:<UUID>, nvlink:<gpu>/<link> or ib:<device>/<port>)"
         )
     return subject
 

@@ -217,3 +217,23 @@ def test_log_level_on_the_command_line_overrides_the_config(tmp_path: Path) -> N
     assert "level=info" not in stderr
     verbose = CliRunner().invoke(main, ["run", "-v", "--log-level", "loud"])
     assert verbose.exit_code == 2 and "'loud' is not one of" in verbose.output
+
+
+def test_gpuwatchd_alone_prints_its_help_and_succeeds() -> None:
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 0
+    assert "Commands:" in result.output and "quarantine" in result.output
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main,
+            ["run", "--simulate", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)],
+        )
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
+    assert list(tmp_path.iterdir()) == []  # no token file, no database

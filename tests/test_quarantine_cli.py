@@ -143,7 +143,7 @@ def test_offline_subjects_are_checked_against_the_last_known_samples(
     by_uuid = cli("quarantine", "add", f"gpu:{uuid}", "--reason", "x", "--config", str(config))
     assert by_uuid.exit_code == 0 and by_uuid.output.endswith("quarantined gpu:6: x\n")
     missing = cli("quarantine", "add", "gpu:8", "--reason", "x", "--config", str(config))
-    assert missing.exit_code == 2 and "gpu:8 is not on this node" in missing.output
+    assert missing.exit_code == 1 and "gpu:8 is not on this node" in missing.output
 
 
 def test_an_explicit_node_that_does_not_answer_is_an_error_not_the_local_database(
@@ -164,7 +164,7 @@ def test_a_gpu_quarantined_offline_on_a_node_never_seen_is_refused_and_nothing_i
     result = cli(
         "quarantine", "add", "gpu:99", "--reason", "offline bogus", "--config", str(config)
     )
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "gpu:99: gpuwatchd is not running and there is no" in result.output
     assert not (config.parent / "state").exists()
 
@@ -174,7 +174,7 @@ def test_a_gpu_the_saved_readings_lack_is_refused_offline_as_online(config: Path
     assert node.exit_code == 0, node.output
     # A database with no readings yet (the daemon never ran) cannot vouch for a GPU.
     phantom = cli("quarantine", "add", "gpu:99", "--reason", "x", "--config", str(config))
-    assert phantom.exit_code == 2 and "holds no readings of this node yet" in phantom.output
+    assert phantom.exit_code == 1 and "holds no readings of this node yet" in phantom.output
     assert [q["subject"] for q in _listed(config)] == ["node"]
 
 
