@@ -237,3 +237,19 @@ def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
     assert list(tmp_path.iterdir()) == []  # no token file, no database
+
+
+def test_a_missing_scenario_file_names_the_built_in_scenarios(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--simulate",
+            str(tmp_path / "nosuch.yaml"),
+            "--listen",
+            f"127.0.0.1:{_free_port()}",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "nosuch.yaml: cannot read: No such file or directory" in result.output
+    assert "(built-in scenarios: calm, default)" in result.output

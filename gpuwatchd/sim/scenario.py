@@ -242,7 +242,10 @@ def load(name_or_path: str | None) -> Scenario:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as error:
-            raise ScenarioError(f"{name}: cannot read: {error.strerror}") from error
+            known = ", ".join(builtin_names())
+            raise ScenarioError(
+                f"{name}: cannot read: {error.strerror} (built-in scenarios: {known})"
+            ) from error
         return parse(text, str(path))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
     if not builtin.is_file():
