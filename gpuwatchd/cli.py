@@ -12,6 +12,7 @@ import shlex
 import signal
 import socket
 import ssl
+import stat
 import sys
 import tempfile
 import time
@@ -276,6 +277,21 @@ def _prepare_token_file(path: str) -> None:
         log.error(
             "cannot create the API token file %s: %s; API writes will be refused", path, error
         )
+    exposed = _exposed(path)
+    if exposed:
+        log.warning("%s; chmod 600 %s", exposed, path)
+
+
+def _exposed(path: str) -> str | None:
+    """What is wrong with a token file others can read or write, if anything:
+    whoever reads it can quarantine and release, whoever writes it add tokens."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None  # missing or unreadable: said where it is used
+    if mode & 0o077 == 0:
+        return None
+    return f"the API token file {path} is open to other users (mode {mode:04o})"
 
 
 def _local_url(config: Config) -> str:
@@ -476,6 +492,9 @@ class _Target:
     def secret(self) -> str | None:
         """The token to send; None when the file cannot be read (the daemon's
         401 then says so, and offline mode needs none)."""
+        exposed = _exposed(self.token_file)
+        if exposed:
+            click.echo(f"warning: {exposed}; chmod 600 {self.token_file}", err=True)
         try:
             return client_secret(self.token_file)
         except (OSError, ValueError):

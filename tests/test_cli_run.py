@@ -253,3 +253,19 @@ def test_a_missing_scenario_file_names_the_built_in_scenarios(tmp_path: Path) ->
     assert result.exit_code == 1
     assert "nosuch.yaml: cannot read: No such file or directory" in result.output
     assert "(built-in scenarios: calm, default)" in result.output
+
+
+def test_the_daemon_warns_of_a_token_file_others_can_write(tmp_path: Path) -> None:
+    port = _free_port()
+    token = tmp_path / "api-token"
+    token.write_text("s3cret\n")
+    token.chmod(0o666)
+    process = _start(
+        "--simulate", "calm", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)
+    )
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert f"the API token file {token} is open to other users (mode 0666); chmod 600" in stderr

@@ -214,3 +214,21 @@ def test_quarantining_an_already_quarantined_gpu_keeps_the_original(
             "quarantine",
             "health_changed",
         ]
+
+
+def test_a_token_file_others_can_read_is_warned_of(tmp_path: Path) -> None:
+    token = tmp_path / "api-token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    url = f"http://127.0.0.1:{free_port()}"
+    result = cli(
+        "quarantine", "add", "node", "--reason", "x", "--node", url, "--token-file", str(token)
+    )
+    assert f"warning: the API token file {token} is open to other users (mode 0644)" in (
+        result.stderr
+    )
+    token.chmod(0o600)
+    again = cli(
+        "quarantine", "add", "node", "--reason", "x", "--node", url, "--token-file", str(token)
+    )
+    assert "warning" not in again.stderr
