@@ -711,14 +711,7 @@ class Store:
             )
         for change in result.changes:
             before = change.before.label if change.before is not None else "new"
-            _insert(
-                db,
-                kind="health_changed",
-                time=change.time,
-                subject=change.subject,
-                message=f"{before} -> {change.after.label}",
-                data={"before": before, "after": change.after.label},
-            )
+            _journal_health(db, change.time, change.subject, before, change.after.label)
         for decision in result.decisions:
             _journal_decision(db, decision, None)
 
@@ -858,17 +851,29 @@ def _journal_manual_health(
     if after_state is None:
         return
     before = before_state.health.label if before_state is not None else "new"
-    if before == after_state.health.label:
-        return
+    now = after_state.health.label
+    if before != now:
+        _journal_health(db, decision.time, decision.subject, before, now, decision.source, operator)
+
+
+def _journal_health(
+    db: sqlite3.Connection,
+    time: float,
+    subject: str,
+    before: str,
+    after: str,
+    source: str | None = None,
+    operator: str | None = None,
+) -> None:
     _insert(
         db,
         kind="health_changed",
-        time=decision.time,
-        subject=decision.subject,
-        message=f"{before} -> {after_state.health.label}",
-        source=decision.source,
+        time=time,
+        subject=subject,
+        message=f"{before} -> {after}",
+        source=source,
         operator=operator,
-        data={"before": before, "after": after_state.health.label},
+        data={"before": before, "after": after},
     )
 
 

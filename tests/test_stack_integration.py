@@ -88,11 +88,12 @@ EXPECTED_ALERTS = {
 }
 CALM_NODE = "node-1"
 
-# The series this stack cannot show: no webhook is configured on the nodes, and
-# H100s report row remapping, not page retirement.
+# The series this stack cannot show: no webhook or scheduler is configured on
+# the nodes, and H100s report row remapping, not page retirement.
 NOT_EXPORTED_HERE = {
     "gpuwatchd_webhook_deliveries_total",
     "gpuwatchd_webhook_outbox_pending",
+    "gpuwatchd_scheduler_drain_withheld",
     "gpuwatchd_gpu_retired_pages",
     "gpuwatchd_gpu_retired_pages_pending",
 }
