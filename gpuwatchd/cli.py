@@ -8,11 +8,15 @@ import datetime
 import json
 import logging
 import os
+import shlex
 import signal
+import socket
 import ssl
+import stat
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -25,6 +29,7 @@ import click
 from gpuwatchd import __version__, logs
 from gpuwatchd import capture as captures
 from gpuwatchd.actions.client import (
+    REQUEST_TIMEOUT_SECONDS,
     DaemonClient,
     DaemonDown,
     DaemonError,
@@ -38,24 +43,32 @@ from gpuwatchd.canary.cli import canary
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
+    DEFAULT_LISTEN,
+    DEFAULT_STATE_DIR,
+    LOG_LEVELS,
     SOURCE_NAMES,
     Config,
     load_config,
     parse_listen,
 )
 from gpuwatchd.notify import Notifier
+from gpuwatchd.policy import NODE
 from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
-from gpuwatchd.status import render_quarantines, render_table
+from gpuwatchd.status import format_time, render_quarantines, render_table
 from gpuwatchd.store import DB_NAME, JournalEntry, Store, StoreError
-from gpuwatchd.units import parse_duration
+from gpuwatchd.units import parse_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
 
 T = TypeVar("T")
+
+# What a simulated daemon prints for the CLI in another terminal to find it.
+STATE_DIR_ENV = "GPUWATCHD_STATE_DIR"
+NODE_ENV = "GPUWATCHD_NODE"
 
 
 def _config_path(path: str | None) -> str | None:
@@ -107,11 +120,15 @@ def _apply_overrides(
     return replace(config, daemon=daemon, sources=chosen)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="gpuwatchd")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
     exports it to Prometheus and acts on quarantine decisions."""
+    if ctx.invoked_subcommand is None:
+        # Asked for nothing: the help is the answer, not a usage error.
+        click.echo(ctx.get_help())
 
 
 @main.command()
@@ -124,8 +141,16 @@ def main() -> None:
     metavar="[SCENARIO]",
     help="Run against a simulated node; SCENARIO is a file or a built-in name (default).",
 )
-@click.option("--listen", help="HOST:PORT for /metrics and the API (overrides the config).")
-@click.option("--state-dir", type=click.Path(file_okay=False), help="State directory.")
+@click.option(
+    "--listen",
+    help=f"HOST:PORT for /metrics and the API (default: the config's, {DEFAULT_LISTEN}).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help=f"State directory (default: the config's, {DEFAULT_STATE_DIR}; with --simulate, "
+    "a temporary one unless the config names another).",
+)
 @click.option("--interval", callback=_duration, help="Poll interval such as 10s.")
 @click.option(
     "--source",
@@ -137,6 +162,12 @@ def main() -> None:
 @click.option(
     "--sysfs-root", type=click.Path(file_okay=False), help="Read InfiniBand under this root."
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    help="Log from this level on (default: the config's daemon.log_level, info).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level (--log-level debug).")
 def run(
     config_path: str | None,
     simulate: str | None,
@@ -145,13 +176,24 @@ def run(
     interval: float | None,
     sources: tuple[str, ...],
     sysfs_root: str | None,
+    log_level: str | None,
+    verbose: bool,
 ) -> None:
-    """Run the daemon in the foreground."""
+    """Run the daemon in the foreground.
+
+    Built-in scenarios for --simulate: default (a calm node with a few faults
+    in the first minutes) and calm.
+    """
     config = _load(config_path)
     config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
-    logs.setup(config.daemon.log_level, journal="JOURNAL_STREAM" in os.environ)
+    level = "debug" if verbose else log_level or config.daemon.log_level
+    logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
+    _check_listen_free(config.daemon.listen)
     with ExitStack() as stack:
-        if simulate is not None and state_dir is None:
+        scratch = None
+        # A simulated node never writes into the real node's state directory:
+        # it gets a temporary one unless one was named (flag or config).
+        if simulate is not None and config.daemon.state_dir == DEFAULT_STATE_DIR:
             scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-sim-"))
             config = replace(config, daemon=replace(config.daemon, state_dir=scratch))
         clock = SystemClock()
@@ -194,8 +236,40 @@ def run(
             ", ".join(config.enabled_sources()) or "none",
             f", simulating {simulate}" if simulate else "",
         )
+        if scratch is not None:
+            _tell_where(scratch, server.url, config)
         daemon.run(Notifier())
     log.info("stopped")
+
+
+def _check_listen_free(listen: str) -> None:
+    """Refuse a taken address before NVML starts and files are written; the
+    server's own bind, later, still decides (something may take it between)."""
+    host, port = parse_listen(listen)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As the server binds: a port in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {listen}: {error.strerror or error}"
+        ) from error
+
+
+def _tell_where(state_dir: str, url: str, config: Config) -> None:
+    """The one line that points the CLI in another terminal at a simulated
+    daemon whose state lives in a temporary directory."""
+    variables = [f"{STATE_DIR_ENV}={shlex.quote(state_dir)}"]
+    if config.daemon.listen != DEFAULT_LISTEN:
+        variables.append(f"{NODE_ENV}={shlex.quote(url)}")
+    click.echo(
+        f"export {' '.join(variables)}   # for gpuwatchd commands in another terminal; "
+        "this simulated node's state (journal, API token) is removed when it stops, "
+        "unless --state-dir names a directory to keep",
+        err=True,
+    )
 
 
 def _prepare_token_file(path: str) -> None:
@@ -206,6 +280,21 @@ def _prepare_token_file(path: str) -> None:
         log.error(
             "cannot create the API token file %s: %s; API writes will be refused", path, error
         )
+    exposed = _exposed(path)
+    if exposed:
+        log.warning("%s; chmod 600 %s", exposed, path)
+
+
+def _exposed(path: str) -> str | None:
+    """What is wrong with a token file others can read or write, if anything:
+    whoever reads it can quarantine and release, whoever writes it add tokens."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None  # missing or unreadable: said where it is used
+    if mode & 0o077 == 0:
+        return None
+    return f"the API token file {path} is open to other users (mode {mode:04o})"
 
 
 def _local_url(config: Config) -> str:
@@ -215,15 +304,36 @@ def _local_url(config: Config) -> str:
     return base_url(host, port, tls=bool(config.api.tls_cert_file))
 
 
-def _client(config: Config, node_url: str | None) -> DaemonClient:
+def _client(
+    config: Config, node_url: str | None, timeout: float = REQUEST_TIMEOUT_SECONDS
+) -> DaemonClient:
     """The daemon at --node, else the local one. A local daemon's own
     certificate is trusted as its CA (a self-signed one naming 127.0.0.1)."""
     if node_url is not None:
-        return DaemonClient(node_url)
+        if "://" not in node_url:
+            raise click.BadParameter(
+                f"{node_url!r} is not a URL: write http://{node_url} (or https://)",
+                param_hint="--node",
+            )
+        return DaemonClient(node_url, timeout=timeout)
     context = None
     if config.api.tls_cert_file:
         context = ssl.create_default_context(cafile=config.api.tls_cert_file)
-    return DaemonClient(_local_url(config), context)
+    return DaemonClient(_local_url(config), context, timeout)
+
+
+def _node_option(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option("--node", "node_url", envvar=NODE_ENV, show_envvar=True, help=help_text)
+
+
+def _state_dir_option(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False),
+        envvar=STATE_DIR_ENV,
+        show_envvar=True,
+        help=help_text,
+    )
 
 
 def _unreachable(client: DaemonClient, error: Exception) -> click.ClickException:
@@ -235,7 +345,7 @@ def _unreachable(client: DaemonClient, error: Exception) -> click.ClickException
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@click.option("--node", "node_url", help="URL of the daemon (default: the local one).")
+@_node_option("URL of the daemon (default: the local one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
 def status(as_json: bool, node_url: str | None, config_path: str | None) -> None:
     """What a node's daemon sees now."""
@@ -276,43 +386,97 @@ def _format_entry(entry: JournalEntry) -> str:
     return " ".join(parts) + f": {entry.message}"
 
 
+def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_moment(value, time.time())
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
+
+
 @main.command()
 @click.option(
     "--since",
-    callback=_duration,
+    callback=_moment,
     default="24h",
     show_default=True,
-    help="How far back, such as 30m or 7d.",
+    help="From: a duration back such as 30m or 7d, or seconds since the epoch.",
+)
+@click.option(
+    "--until",
+    callback=_moment,
+    help="Up to (not including): a duration back or seconds since the epoch (default: now).",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="At most this many entries, the oldest first.",
 )
 @click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
+@_node_option("Ask the daemon at this URL (default: read the local state database).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
-@click.option("--state-dir", type=click.Path(file_okay=False), help="State directory.")
+@_state_dir_option("State directory (default: the config's daemon.state_dir).")
 def journal(
     since: float,
+    until: float | None,
+    limit: int,
     subject: str | None,
     as_json: bool,
+    node_url: str | None,
     config_path: str | None,
     state_dir: str | None,
 ) -> None:
-    """Findings, health changes and decisions, oldest first, from the state database."""
-    directory = state_dir or _load(config_path).daemon.state_dir
-    path = os.path.join(directory, DB_NAME)
-    if not os.path.exists(path):
-        raise click.ClickException(f"no state database at {path} (has gpuwatchd run here?)")
-    try:
-        store = Store.open(directory)
-    except StoreError as error:
-        raise click.ClickException(str(error)) from error
-    try:
-        entries = store.journal(since=time.time() - since, subject=subject)
-    finally:
-        store.close()
+    """Findings, health changes and decisions, oldest first, from the state
+    database (or from the daemon at --node)."""
+    config = _load(config_path)
+    if node_url is not None:
+        entries = _remote_journal(_client(config, node_url), since, until, limit, subject)
+    else:
+        entries = _local_journal(state_dir or config.daemon.state_dir, since, until, limit, subject)
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
         else:
             click.echo(_format_entry(entry))
+
+
+def _local_journal(
+    directory: str, since: float, until: float | None, limit: int, subject: str | None
+) -> tuple[JournalEntry, ...]:
+    path = os.path.join(directory, DB_NAME)
+    if not os.path.exists(path):
+        raise click.ClickException(
+            f"no state database at {path} (has gpuwatchd run here? --state-dir, or "
+            f"${STATE_DIR_ENV} as a simulated daemon prints it)"
+        )
+    try:
+        store = Store.open(directory)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from error
+    try:
+        return store.journal(since=since, subject=subject, limit=limit, until=until)
+    finally:
+        store.close()
+
+
+def _remote_journal(
+    client: DaemonClient, since: float, until: float | None, limit: int, subject: str | None
+) -> tuple[JournalEntry, ...]:
+    """The API's journal; `until` is applied here (the API has none), which
+    is exact since entries come oldest first."""
+    query = {"since": f"{since:.3f}", "limit": str(limit)}
+    if subject is not None:
+        query["subject"] = subject
+    try:
+        document = client.get(f"/api/v1/journal?{urllib.parse.urlencode(query)}")
+    except (DaemonUnreachable, DaemonError) as error:
+        raise _unreachable(client, error) from error
+    entries = tuple(JournalEntry(**entry) for entry in document["entries"])
+    return tuple(e for e in entries if until is None or e.time < until)
 
 
 main.add_command(canary)
@@ -389,18 +553,32 @@ class _Target:
     def secret(self) -> str | None:
         """The token to send; None when the file cannot be read (the daemon's
         401 then says so, and offline mode needs none)."""
+        exposed = _exposed(self.token_file)
+        if exposed:
+            click.echo(f"warning: {exposed}; chmod 600 {self.token_file}", err=True)
         try:
             return client_secret(self.token_file)
         except (OSError, ValueError):
             return None
 
+    def token_problem(self) -> str:
+        """Why a 401 came back, as far as the token file tells."""
+        try:
+            client_secret(self.token_file)
+        except OSError as error:
+            return (
+                f"cannot read the API token file {self.token_file}: {error.strerror} "
+                f"(--token-file, or ${STATE_DIR_ENV} as a simulated daemon prints it)"
+            )
+        except ValueError as error:
+            return f"the API token file {self.token_file}: {error}"
+        return f"the daemon refused the token from {self.token_file}"
+
 
 def _target_options(command: Callable[..., None]) -> Callable[..., None]:
     options = (
-        click.option(
-            "--node",
-            "node_url",
-            help="URL of the daemon (default: the local one, or its state database when it "
+        _node_option(
+            "URL of the daemon (default: the local one, or its state database when it "
             "is not running).",
         ),
         click.option(
@@ -409,13 +587,10 @@ def _target_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--token-file",
             type=click.Path(dir_okay=False),
-            help="API token file (default: the config's api.token_file).",
+            help="API token file (default: the config's api.token_file, or api-token in the "
+            "state directory).",
         ),
-        click.option(
-            "--state-dir",
-            type=click.Path(file_okay=False),
-            help="State directory used when the local daemon is not running.",
-        ),
+        _state_dir_option("State directory used when the local daemon is not running."),
     )
     for option in reversed(options):
         command = option(command)
@@ -423,15 +598,22 @@ def _target_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def _target(
-    node_url: str | None, config_path: str | None, token_file: str | None, state_dir: str | None
+    node_url: str | None,
+    config_path: str | None,
+    token_file: str | None,
+    state_dir: str | None,
+    timeout: float = REQUEST_TIMEOUT_SECONDS,
 ) -> _Target:
     config = _load(config_path)
+    if state_dir is not None:
+        # The token file in that state directory, unless the config names one.
+        config = replace(config, daemon=replace(config.daemon, state_dir=state_dir))
     return _Target(
         config=config,
-        client=_client(config, node_url),
+        client=_client(config, node_url, timeout),
         explicit=node_url is not None,
         token_file=token_file or config.token_file,
-        state_dir=state_dir or config.daemon.state_dir,
+        state_dir=config.daemon.state_dir,
     )
 
 
@@ -440,17 +622,23 @@ def _offline(target: _Target) -> Iterator[Offline]:
     try:
         with Offline(target.config, target.state_dir) as offline:
             yield offline
-    except StoreError as error:
+    except (StoreError, ValueError) as error:
+        # Exit 1 like the daemon's refusal of the same subject.
         raise click.ClickException(str(error)) from error
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from error
 
 
 def _daemon_or_database(
-    target: _Target, remote: Callable[[], T], local: Callable[[Offline], T]
+    target: _Target,
+    remote: Callable[[], T],
+    local: Callable[[Offline], T],
+    missing: Callable[[str], T] | None = None,
+    writes: bool = True,
 ) -> T:
     """`remote()` against the daemon; `local(...)` on the state database when
-    the local daemon is not running (never for an explicit --node)."""
+    the local daemon is not running (never for an explicit --node). When there
+    is no database, `missing(path)` answers (or refuses) instead of creating
+    one, since an empty database would later read as a healthy node; with no
+    `missing` the database is created."""
     try:
         return remote()
     except DaemonDown as error:
@@ -459,13 +647,21 @@ def _daemon_or_database(
     except DaemonUnreachable as error:
         raise _unreachable(target.client, error) from error
     except DaemonError as error:
-        hint = f" (token from {target.token_file})" if error.status == 401 else ""
+        hint = f" ({target.token_problem()})" if error.status == 401 else ""
         raise click.ClickException(f"{error}{hint}") from error
-    click.echo(
-        f"gpuwatchd is not running here: using the state database in {target.state_dir}; "
-        "the daemon applies the change when it starts",
-        err=True,
-    )
+    database = os.path.join(target.state_dir, DB_NAME)
+    if missing is not None and not os.path.exists(database):
+        return missing(database)
+    if writes:
+        click.echo(
+            f"gpuwatchd is not running here: using the state database {database}; "
+            "the daemon applies the change when it starts",
+            err=True,
+        )
+    else:
+        click.echo(
+            f"gpuwatchd is not running here: reading the state database {database}", err=True
+        )
     with _offline(target) as offline:
         return local(offline)
 
@@ -497,18 +693,36 @@ def quarantine_add(
     target = _target(node_url, config_path, token_file, state_dir)
     operator = local_operator()
 
-    def remote() -> dict[str, Any]:
+    def remote() -> tuple[dict[str, Any] | None, dict[str, Any]]:
         body = {"subject": subject, "reason": reason, "operator": operator}
         document = target.client.send("POST", "/api/v1/quarantines", body, target.secret())
-        decision: dict[str, Any] = document["decision"]
-        return decision
+        return document["decision"], document["quarantine"]
 
-    def local(offline: Offline) -> dict[str, Any]:
+    def missing(database: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        raise click.ClickException(
+            f"{subject}: gpuwatchd is not running and there is no {database}, so whether this "
+            "node has it is unknown; start gpuwatchd once, or quarantine node"
+        )
+
+    def local(offline: Offline) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         text = check_text(reason, "reason", required=True)
-        return dataclasses.asdict(offline.quarantine(offline.subject(subject), text, operator))
+        name = offline.subject(subject)
+        decision = offline.quarantine(name, text, operator)
+        held = next(q for q in offline.quarantines() if q.subject == name)
+        return (
+            dataclasses.asdict(decision) if decision is not None else None,
+            dataclasses.asdict(held),
+        )
 
-    decision = _daemon_or_database(target, remote, local)
-    click.echo(f"quarantined {decision['subject']}: {decision['reason']}")
+    creates = subject.strip() == NODE
+    decision, held = _daemon_or_database(target, remote, local, None if creates else missing)
+    if decision is None:
+        click.echo(
+            f"{held['subject']} was already quarantined ({held['source']}, since "
+            f"{format_time(held['since'])}): {held['reason']}; left as it was"
+        )
+    else:
+        click.echo(f"quarantined {decision['subject']}: {decision['reason']}")
 
 
 @quarantine.command("release")
@@ -543,7 +757,11 @@ def quarantine_release(
         decision = offline.release(offline.subject(subject), text, operator)
         return dataclasses.asdict(decision) if decision is not None else None
 
-    decision = _daemon_or_database(target, remote, local)
+    def missing(database: str) -> dict[str, Any] | None:
+        click.echo(f"gpuwatchd is not running here, and there is no {database}", err=True)
+        return None
+
+    decision = _daemon_or_database(target, remote, local, missing)
     if decision is None:
         raise click.ClickException(f"{subject} is not quarantined")
     click.echo(f"released {decision['subject']}: {decision['reason']}")
@@ -569,7 +787,11 @@ def quarantine_list(
     def local(offline: Offline) -> list[dict[str, Any]]:
         return [dataclasses.asdict(q) for q in offline.quarantines()]
 
-    quarantines = _daemon_or_database(target, remote, local)
+    def missing(database: str) -> list[dict[str, Any]]:
+        click.echo(f"gpuwatchd is not running here, and there is no {database}", err=True)
+        return []
+
+    quarantines = _daemon_or_database(target, remote, local, missing, writes=False)
     if as_json:
         click.echo(json.dumps(quarantines, indent=2, sort_keys=True))
     else:
@@ -581,18 +803,28 @@ UNFIT = ("unhealthy", "quarantined")
 
 
 @main.command("slurm-healthcheck")
-@click.option("--node", "node_url", help="URL of the daemon (default: the local one).")
+@_node_option("URL of the daemon (default: the local one).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
-@click.option("--state-dir", type=click.Path(file_okay=False), help="State directory.")
-def slurm_healthcheck(node_url: str | None, config_path: str | None, state_dir: str | None) -> None:
+@_state_dir_option("State directory (default: the config's daemon.state_dir).")
+@click.option(
+    "--timeout",
+    callback=_duration,
+    default="2s",
+    show_default=True,
+    help="Wait this long for the daemon, then read the state database.",
+)
+def slurm_healthcheck(
+    node_url: str | None, config_path: str | None, state_dir: str | None, timeout: float
+) -> None:
     """Exit 1 with a one-line reason when the node is unhealthy or quarantined.
 
     For a Slurm Prolog (a failing prolog drains the node and requeues the job)
-    or NHC's check_cmd_status. Asks the local daemon, or reads its state
-    database when it is not running. A daemon that does not answer is no
+    or NHC's check_cmd_status. Asks the local daemon; when it is not running,
+    or does not answer within --timeout, reads its state database instead (the
+    health it last saved, and the quarantines). With neither there is no
     verdict on the node: that exits 0 with a warning.
     """
-    target = _target(node_url, config_path, None, state_dir)
+    target = _target(node_url, config_path, None, state_dir, timeout)
 
     def remote() -> tuple[str, str]:
         document = target.client.get("/api/v1/status")
@@ -607,20 +839,27 @@ def slurm_healthcheck(node_url: str | None, config_path: str | None, state_dir: 
     database = os.path.join(target.state_dir, DB_NAME)
     try:
         health, why = remote()
-    except DaemonDown:
+    except (DaemonUnreachable, DaemonError) as error:
         if target.explicit or not os.path.exists(database):
-            click.echo(f"gpuwatchd: no verdict (not running, no state database at {database})")
+            click.echo(
+                f"gpuwatchd: no verdict ({_no_answer(error)}, no state database at {database})"
+            )
             return
         with _offline(target) as offline:
             health, quarantines = offline.node_verdict()
         why = _why([dataclasses.asdict(q) for q in quarantines], [])
-    except (DaemonUnreachable, DaemonError) as error:
-        click.echo(f"gpuwatchd: no verdict ({error})")
-        return
+        if not isinstance(error, DaemonDown):
+            click.echo(f"gpuwatchd: {_no_answer(error)}; the state database says:", err=True)
     if health in UNFIT:
         click.echo(f"gpuwatchd: node {health}: {why}")
         sys.exit(1)
     click.echo(f"gpuwatchd: node {health}")
+
+
+def _no_answer(error: Exception) -> str:
+    if isinstance(error, DaemonDown):
+        return "not running"
+    return f"the daemon did not answer: {error}"
 
 
 def _why(quarantines: list[dict[str, Any]], findings: list[str]) -> str:

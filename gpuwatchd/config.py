@@ -21,10 +21,13 @@ from gpuwatchd.policy import PolicyConfig
 from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
 from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
+from gpuwatchd.units import format_duration
 
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
+DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
 SOURCE_NAMES = ("nvml", "infiniband", "canary")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -44,7 +47,7 @@ class DaemonConfig:
     # control API must not be reachable from the network unless asked for.
     listen: Annotated[str, Check(parse_listen)] = DEFAULT_LISTEN
     # Quarantines, the journal and rates across restarts live here.
-    state_dir: str = "/var/lib/gpuwatchd"
+    state_dir: str = DEFAULT_STATE_DIR
     # How much history each subject keeps for the checks' windows.
     history: Seconds = 3600.0
     log_level: str = "info"
@@ -52,8 +55,8 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.poll_interval <= 0:
             raise ValueError("poll_interval must be more than 0s")
-        if self.log_level not in ("debug", "info", "warning", "error"):
-            raise ValueError("log_level must be debug, info, warning or error")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,19 @@ class ActionsConfig:
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"webhook names must be unique: {', '.join(twice)}")
+        fleet = self.fleet_safety
+        if fleet.enabled and not fleet.prometheus_url and not fleet.fail_open:
+            draining = [
+                name
+                for name, scheduler in (("slurm", self.slurm), ("kubernetes", self.kubernetes))
+                if scheduler.enabled and not scheduler.dry_run
+            ]
+            if draining:
+                raise ValueError(
+                    f"fleet_safety.prometheus_url is required with {' and '.join(draining)} "
+                    "enabled: fleet safety asks it before every automatic drain, and without "
+                    "it every one is held back; set it, or fleet_safety.enabled: false"
+                )
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,15 @@ class Config:
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+
+    def __post_init__(self) -> None:
+        window, needed = max(_history_needs(self.checks).items(), key=lambda item: item[1])
+        if self.daemon.history < needed:
+            raise ValueError(
+                f"daemon.history is {format_duration(self.daemon.history)}, shorter than "
+                f"{window} ({format_duration(needed)}): that check could never see a full "
+                "window"
+            )
 
     @property
     def token_file(self) -> str:
@@ -119,6 +144,22 @@ class Config:
         return replace(
             self, sources=sources, canary=replace(self.canary, enabled="canary" in names)
         )
+
+
+def _history_needs(checks: ChecksConfig) -> dict[str, float]:
+    """How far back each check reads the history."""
+    return {
+        "checks.thermal.window": checks.thermal.window,
+        "checks.clocks.window * critical_windows": (
+            checks.clocks.window * checks.clocks.critical_windows
+        ),
+        "checks.nvlink.window * storm_windows": checks.nvlink.window * checks.nvlink.storm_windows,
+        "checks.memory.window": checks.memory.window,
+        "checks.xid.window": checks.xid.window,
+        "checks.infiniband.flap_window": checks.infiniband.flap_window,
+        "checks.infiniband.ber_window": checks.infiniband.ber_window,
+        "checks.infiniband.congestion_window": checks.infiniband.congestion_window,
+    }
 
 
 def load_config(path: str | None) -> Config:

@@ -30,7 +30,7 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
-from gpuwatchd.model import Decision, GpuSample, Quarantine, Reading
+from gpuwatchd.model import Decision, GpuSample, Quarantine, Reading, Severity
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
@@ -243,13 +243,16 @@ class Daemon:
     def now(self) -> float:
         return self.clock.now()
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision:
-        """An operator's quarantine, in effect (and on /metrics) when this returns."""
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None:
+        """An operator's quarantine, in effect (and on /metrics) when this
+        returns; None when the subject was already quarantined."""
         with self._judging:
             now = self.clock.now()
             events = self.actions.manual_events(operator)
             decision = self.store.quarantine(subject, reason, operator, now, events)
-            self._rejudge(now)
+            if decision is not None:
+                _log_decision(decision, operator)
+                self._rejudge(now)
         return decision
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None:
@@ -259,6 +262,7 @@ class Daemon:
             events = self.actions.manual_events(operator)
             decision = self.store.release(subject, operator, now, reason, events)
             if decision is not None:
+                _log_decision(decision, operator)
                 self._rejudge(now)
         return decision
 
@@ -283,7 +287,9 @@ class Daemon:
     @staticmethod
     def _log_changes(result: PolicyResult) -> None:
         for finding in result.raised:
-            log.warning(
+            # An [ok] finding (an XID that condemns nothing) is news, not a warning.
+            log.log(
+                logging.INFO if finding.severity is Severity.OK else logging.WARNING,
                 "%s: %s %s: %s",
                 finding.subject,
                 finding.severity.label,
@@ -292,15 +298,7 @@ class Daemon:
                 extra={"subject": finding.subject},
             )
         for decision in result.decisions:
-            log.warning(
-                "%s: %s%s (%s): %s",
-                decision.subject,
-                decision.kind,
-                " [dry run]" if decision.dry_run else "",
-                decision.source,
-                decision.reason,
-                extra={"subject": decision.subject},
-            )
+            _log_decision(decision)
 
     def step(self) -> Snapshot:
         """One poll of every source; returns the Snapshot it published."""
@@ -357,3 +355,17 @@ class Daemon:
             except Exception:
                 log.exception("closing source %s failed", source.name)
         self.store.close()
+
+
+def _log_decision(decision: Decision, operator: str | None = None) -> None:
+    """One line a decision, automatic or an operator's (`by` whom)."""
+    log.warning(
+        "%s: %s%s (%s%s): %s",
+        decision.subject,
+        decision.kind,
+        " [dry run]" if decision.dry_run else "",
+        decision.source,
+        f", by {operator}" if operator else "",
+        decision.reason,
+        extra={"subject": decision.subject},
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -76,9 +76,13 @@ def make_registry(
     current: Callable[[], Snapshot],
     renderers: tuple[FamilyRenderer, ...] = RENDERERS,
 ) -> tuple[CollectorRegistry, Histogram]:
-    """The registry /metrics serves, and the poll-duration histogram the daemon observes."""
+    """The registry /metrics serves, and the poll-duration histogram the daemon
+    observes. The agent's own cost is there too (`process_cpu_seconds_total`,
+    `process_resident_memory_bytes`, open files...: client_python's
+    ProcessCollector, read from /proc), so that a fleet can watch what it costs."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(current, renderers))
+    ProcessCollector(registry=registry)
     poll_duration = Histogram(
         "gpuwatchd_poll_duration_seconds",
         "Time one poll of every source and check took.",

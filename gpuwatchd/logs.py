@@ -1,9 +1,11 @@
 """Logging in a form journald keeps: one line an event, with the syslog level
 prefix journald reads from stderr (`<4>`), then logfmt fields: level, the
-logger, the subject when one is given, and the message."""
+logger, the subject when one is given, and the message. In a terminal (no
+journald to stamp them) each line starts with its UTC time."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 
@@ -27,6 +29,10 @@ class JournalFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields = [f"level={record.levelname.lower()}", f"logger={record.name}"]
+        if not self.syslog_prefix:
+            moment = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+            stamp = moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            fields.insert(0, f"time={stamp}")
         subject = getattr(record, "subject", None)
         if subject:
             fields.append(f"subject={subject}")

@@ -167,7 +167,7 @@ def validate_subject(subject: str) -> str:
     if not SUBJECT_PATTERN.match(subject):
         raise ValueError(
             f"not a subject: {subject!r} "
-            "(node, gpu:<index>, nvlink:<gpu>/<link> or ib:<device>/<port>)"
+            "(node, gpu:<index>, gpu:<UUID>, nvlink:<gpu>/<link> or ib:<device>/<port>)"
         )
     return subject
 
@@ -294,18 +294,21 @@ def _settle_all(
 
 def quarantine_manually(
     prior: PolicyState, subject: str, reason: str, operator: str, now: float
-) -> ManualResult[Decision]:
-    """An operator's quarantine. It replaces any automatic one (keeping its
-    hardware flag) and only a manual release ends it."""
+) -> ManualResult[Decision | None]:
+    """An operator's quarantine; only a manual release ends it. None when the
+    subject is already quarantined: the quarantine in force keeps its source,
+    reason and start, which say why and since when the part is out. A dry
+    run's quarantine is replaced, since it holds nothing out."""
     validate_subject(subject)
     held = prior.quarantine(subject)
-    hardware = held is not None and held.hardware and not held.dry_run
+    if held is not None and not held.dry_run:
+        return ManualResult(prior, None)
     quarantine = Quarantine(
         subject=subject,
         reason=reason,
         source=MANUAL,
         since=now,
-        hardware=hardware,
+        hardware=False,
         operator=operator,
         code=held.code if held is not None else None,
     )

@@ -46,7 +46,7 @@ from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
 from gpuwatchd.store import JournalEntry, StoreError
-from gpuwatchd.units import parse_duration
+from gpuwatchd.units import parse_moment
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Control(Protocol):
 
     def now(self) -> float: ...
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision: ...
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None: ...
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None: ...
 
@@ -333,8 +333,9 @@ class _Handler(BaseHTTPRequestHandler):
         reason = self._reason(body, required=True)
         decision = control.quarantine(subject, reason, self._operator(body))
         held = next(q for q in control.quarantines() if q.subject == subject)
-        return 201, {
-            "decision": dataclasses.asdict(decision),
+        # 200 and no decision: it was already quarantined, and that one stands.
+        return (200 if decision is None else 201), {
+            "decision": dataclasses.asdict(decision) if decision is not None else None,
             "quarantine": dataclasses.asdict(held),
         }
 
@@ -368,13 +369,9 @@ def _since(value: str | None, now: float) -> float:
     if value is None:
         return now - JOURNAL_DAYS_DEFAULT * 86400
     try:
-        return float(value)
-    except ValueError:
-        pass  # not a timestamp: a duration, then
-    try:
-        return now - parse_duration(value)
+        return parse_moment(value, now)
     except ValueError as error:
-        raise ApiError(400, f"since: {error}, or seconds since the epoch") from error
+        raise ApiError(400, f"since: {error}") from error
 
 
 def base_url(host: str, port: int, tls: bool) -> str:

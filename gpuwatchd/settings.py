@@ -36,7 +36,15 @@ class Check:
         self.check = check
 
 
-Seconds = Annotated[float, _Parser(parse_duration)]
+def _duration_with_unit(value: object) -> float:
+    """A config's duration: a bare number other than 0 is refused, since
+    `poll_interval: 10` could mean seconds or minutes to whoever reads it."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
+        raise ValueError(f"{value!r} has no unit: write {value!r}s (or 500ms, 5m, 2h)")
+    return parse_duration(value)
+
+
+Seconds = Annotated[float, _Parser(_duration_with_unit)]
 PerSecond = Annotated[float, _Parser(parse_rate)]
 
 
@@ -140,11 +148,40 @@ class _Loader:
             if name in values:
                 self.fail(key_node, child, "key given twice")
             values[name] = self.build(hints[name], value_node, child)
+        missing = [
+            name
+            for name, f in fields.items()
+            if name not in values
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            self.fail(node, key, f"{', '.join(missing)} is required here")
         try:
             result = cls(**values)
         except (TypeError, ValueError) as error:
-            self.fail(node, key, str(error))
+            self.fail(*self.blamed(node, key, str(error)), str(error))
         return result
+
+    @staticmethod
+    def blamed(node: yaml.MappingNode, key: str, problem: str) -> tuple[yaml.Node, str]:
+        """The key a mapping's own check blames: the (dotted) field its message
+        starts with (`log_level must be ...`) as far as the file spells it out,
+        else the mapping itself."""
+        named = problem.split(" ", 1)[0]
+        blamed: tuple[yaml.Node, str] = (node, key)
+        mapping: yaml.Node = node
+        path = key
+        for part in named.split("."):
+            if not isinstance(mapping, yaml.MappingNode):
+                break
+            found = next(((k, v) for k, v in mapping.value if k.value == part), None)
+            if found is None:
+                break
+            path = f"{path}.{part}" if path else part
+            blamed = (found[0], path)
+            mapping = found[1]
+        return blamed
 
 
 def load(cls: type[T], text: str, filename: str = "<config>") -> T:
@@ -152,13 +189,26 @@ def load(cls: type[T], text: str, filename: str = "<config>") -> T:
     try:
         node = yaml.compose(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise SettingsError(filename, line, "", f"not valid YAML: {error}") from error
+        raise SettingsError(filename, *_yaml_problem(error)) from error
     loader = _Loader(filename)
     if node is None:
         return loader.dataclass(cls, yaml.ScalarNode("tag:yaml.org,2002:null", ""), "")
     return loader.dataclass(cls, node, "")
+
+
+def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str]:
+    """Line, key and message of a YAML error, told by line numbers rather
+    than PyYAML's `in "<unicode string>"` marks; where the parser was (an
+    unclosed bracket's line) is said too, since the problem is often found
+    only at the end of the file."""
+    mark = getattr(error, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(error, "problem", None) or str(error)
+    context = getattr(error, "context", None)
+    context_mark = getattr(error, "context_mark", None)
+    if context and context_mark is not None:
+        problem = f"{problem} ({context} at line {context_mark.line + 1})"
+    return line, "", f"not valid YAML: {problem}"
 
 
 def load_file(cls: type[T], path: str) -> T:

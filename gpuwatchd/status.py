@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.model import Finding, GpuSample, Health, PortSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -82,6 +83,31 @@ def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
     ]
 
 
+def _canaries_json(stats: CanaryStats | None) -> list[JsonDict] | None:
+    """Per target (a GPU, or the host's cores): its last all-pass burst, runs
+    by outcome since the daemon started, and the canaries whose latest run
+    did not pass. None without canaries."""
+    if stats is None:
+        return None
+    targets = sorted({target for target, _ in stats.latest} | set(stats.last_pass))
+    runs: dict[str, dict[str, int]] = defaultdict(dict)
+    for (target, _, outcome), count in stats.runs.items():
+        runs[target][outcome] = runs[target].get(outcome, 0) + count
+    return [
+        {
+            "target": target,
+            "last_pass": stats.last_pass.get(target),
+            "runs": dict(sorted(runs[target].items())),
+            "not_passing": {
+                canary: result.result
+                for (of, canary), result in sorted(stats.latest.items())
+                if of == target and result.result != "pass"
+            },
+        }
+        for target in targets
+    ]
+
+
 def to_json(snapshot: Snapshot) -> JsonDict:
     return {
         "time": snapshot.time,
@@ -99,6 +125,7 @@ def to_json(snapshot: Snapshot) -> JsonDict:
         "quarantines": [dataclasses.asdict(q) for q in snapshot.quarantines],
         "webhooks": [dataclasses.asdict(w) for w in snapshot.webhooks],
         "schedulers": [dataclasses.asdict(s) for s in snapshot.schedulers],
+        "canaries": _canaries_json(snapshot.canary),
     }
 
 
@@ -120,7 +147,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
-def _when(timestamp: object) -> str:
+def format_time(timestamp: object) -> str:
     if not isinstance(timestamp, int | float):
         return "-"
     moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
@@ -129,7 +156,7 @@ def _when(timestamp: object) -> str:
 
 def render_table(data: Mapping[str, Any]) -> str:
     lines = [
-        f"node health: {data['node']['health']}    as of {_when(data['time'])}"
+        f"node health: {data['node']['health']}    as of {format_time(data['time'])}"
         f"    driver {data.get('driver_version') or '-'}",
     ]
     sources = ", ".join(
@@ -200,10 +227,12 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("findings:")
         for subject in unwell:
             lines.append(
-                f"  {subject['subject']}: {subject['state']} since {_when(subject['since'])}"
+                f"  {subject['subject']}: {subject['state']} since {format_time(subject['since'])}"
             )
             for finding in subject["findings"]:
-                evidence = " ".join(f"{k}={v}" for k, v in finding["evidence"].items())
+                evidence = " ".join(
+                    f"{k}={_evidence_value(v)}" for k, v in finding["evidence"].items()
+                )
                 lines.append(
                     f"    [{finding['severity']}] {finding['check']}/{finding['code']}: "
                     f"{finding['message']} (action: {finding['action']}) {evidence}".rstrip()
@@ -213,10 +242,34 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("quarantines:")
         for q in data["quarantines"]:
             lines.append(
-                f"  {q['subject']}: {q['reason']} ({q['source']}, since {_when(q['since'])})"
+                f"  {q['subject']}: {q['reason']} ({q['source']}, since {format_time(q['since'])})"
             )
+    lines.extend(_canary_lines(data))
     lines.extend(_actions_lines(data))
     return "\n".join(lines)
+
+
+def _evidence_value(value: object) -> str:
+    """Four significant digits: `400.0086441040039` s is 400 s to whoever reads it."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _canary_lines(data: Mapping[str, Any]) -> list[str]:
+    canaries = data.get("canaries")
+    if not canaries:
+        return []
+    rows = [
+        [
+            c["target"],
+            format_time(c["last_pass"]),
+            " ".join(f"{outcome} {n}" for outcome, n in c["runs"].items()) or "-",
+            ", ".join(f"{name} {outcome}" for name, outcome in c["not_passing"].items()) or "-",
+        ]
+        for c in canaries
+    ]
+    return ["", *_table(["CANARY TARGET", "LAST PASS", "RUNS", "NOT PASSING NOW"], rows)]
 
 
 def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
@@ -227,7 +280,7 @@ def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
         [
             q["subject"],
             q["source"] + (" (dry run)" if q["dry_run"] else ""),
-            _when(q["since"]),
+            format_time(q["since"]),
             q["operator"] or "-",
             "yes" if q["hardware"] else "no",
             q["reason"],

@@ -326,9 +326,10 @@ class Store:
         operator: str,
         now: float,
         events: EventsOf | None = None,
-    ) -> Decision:
+    ) -> Decision | None:
         """Quarantine a subject by hand (the CLI, with or without the daemon);
-        `events` gives the webhook events of the decision, written with it."""
+        `events` gives the webhook events of the decision, written with it.
+        None when it is already quarantined (nothing is changed)."""
         return self._manual(
             lambda state: quarantine_manually(state, subject, reason, operator, now),
             operator,
@@ -353,14 +354,22 @@ class Store:
     # --- journal --------------------------------------------------------------
 
     def journal(
-        self, since: float | None = None, subject: str | None = None, limit: int = 1000
+        self,
+        since: float | None = None,
+        subject: str | None = None,
+        limit: int = 1000,
+        until: float | None = None,
     ) -> tuple[JournalEntry, ...]:
-        """Entries from `since` on (oldest first), of one subject or all, at most `limit`."""
+        """Entries from `since` on, before `until` (oldest first), of one
+        subject or all, at most `limit`."""
         conditions = ["1"]
         parameters: list[Any] = []
         if since is not None:
             conditions.append("time >= ?")
             parameters.append(since)
+        if until is not None:
+            conditions.append("time < ?")
+            parameters.append(until)
         if subject is not None:
             conditions.append("subject = ?")
             parameters.append(subject)
@@ -632,11 +641,13 @@ class Store:
         events: EventsOf | None,
     ) -> D:
         with self._writing() as db:
-            result = change(self._state(db))
+            prior = self._state(db)
+            result = change(prior)
             if result.decision is not None:
                 self._write_state(db, result.state)
                 db.execute("UPDATE policy_state SET revision = revision + 1")
                 _journal_decision(db, result.decision, operator)
+                _journal_manual_health(db, prior, result.state, result.decision, operator)
                 if events is not None:
                     _enqueue(db, events(result.decision))
             return result.decision
@@ -727,14 +738,7 @@ class Store:
             )
         for change in result.changes:
             before = change.before.label if change.before is not None else "new"
-            _insert(
-                db,
-                kind="health_changed",
-                time=change.time,
-                subject=change.subject,
-                message=f"{before} -> {change.after.label}",
-                data={"before": before, "after": change.after.label},
-            )
+            _journal_health(db, change.time, change.subject, before, change.after.label)
         for decision in result.decisions:
             _journal_decision(db, decision, None)
 
@@ -857,6 +861,46 @@ def _journal_decision(db: sqlite3.Connection, decision: Decision, operator: str 
         source=decision.source,
         operator=operator,
         dry_run=decision.dry_run,
+    )
+
+
+def _journal_manual_health(
+    db: sqlite3.Connection,
+    prior: PolicyState,
+    after: PolicyState,
+    decision: Decision,
+    operator: str,
+) -> None:
+    """The health change a manual decision makes, journaled as a poll's are:
+    the next poll starts from the new health and so never reports it."""
+    before_state = prior.subject(decision.subject)
+    after_state = after.subject(decision.subject)
+    if after_state is None:
+        return
+    before = before_state.health.label if before_state is not None else "new"
+    now = after_state.health.label
+    if before != now:
+        _journal_health(db, decision.time, decision.subject, before, now, decision.source, operator)
+
+
+def _journal_health(
+    db: sqlite3.Connection,
+    time: float,
+    subject: str,
+    before: str,
+    after: str,
+    source: str | None = None,
+    operator: str | None = None,
+) -> None:
+    _insert(
+        db,
+        kind="health_changed",
+        time=time,
+        subject=subject,
+        message=f"{before} -> {after}",
+        source=source,
+        operator=operator,
+        data={"before": before, "after": after},
     )
 
 

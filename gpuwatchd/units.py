@@ -30,6 +30,19 @@ def parse_duration(value: object) -> float:
     raise ValueError(f"expected a duration such as 500ms, 10s, 5m or 2h, got {value!r}")
 
 
+def parse_moment(value: str, now: float) -> float:
+    """Seconds since the epoch from `1796080000` (itself) or a duration back
+    from `now` (`1h`), as the journal's `since` and `until` take them."""
+    try:
+        return float(value)
+    except ValueError:
+        pass  # not a timestamp: a duration, then
+    try:
+        return now - parse_duration(value)
+    except ValueError as error:
+        raise ValueError(f"{error}, or seconds since the epoch") from error
+
+
 def parse_rate(value: object) -> float:
     """Events per second from `N/s`, `N/min` or `N/h`."""
     if isinstance(value, str):

@@ -230,9 +230,6 @@ def daemon_process(
             simulate,
             "--interval",
             interval,
-            # --simulate keeps its state in a scratch directory unless told.
-            "--state-dir",
-            config["daemon"]["state_dir"],
         ],
         stderr=subprocess.PIPE,
         text=True,

@@ -112,7 +112,12 @@ def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api
     assert quarantined == []
     _, journal = api.request("GET", "/api/v1/journal?since=1h&subject=gpu:2", token=None)
     manual = [(e["kind"], e["operator"]) for e in journal["entries"] if e["source"] == "manual"]
-    assert manual == [("quarantine", "alice"), ("release", "alice")]
+    assert manual == [
+        ("quarantine", "alice"),
+        ("health_changed", "alice"),
+        ("release", "alice"),
+        ("health_changed", "alice"),
+    ]
 
 
 def test_a_bare_token_takes_the_operator_the_client_names(api: Api) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from actions_support import daemon_process, free_port, write_config
 from click.testing import CliRunner
 from daemon_support import simulated_daemon
 
@@ -39,3 +40,46 @@ def test_journal_without_a_database_says_where_it_looked(tmp_path: Path) -> None
     result = CliRunner().invoke(main, ["journal", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert f"no state database at {tmp_path}" in result.output
+
+
+def _times(output: str) -> list[float]:
+    return [json.loads(line)["time"] for line in output.splitlines()]
+
+
+def test_journal_takes_epoch_seconds_until_and_limit_like_the_api(tmp_path: Path) -> None:
+    with simulated_daemon(SCENARIO, tmp_path) as sim:
+        start = sim.start
+        sim.run_until(60)
+    state = ["--state-dir", str(tmp_path / "state"), "--json"]
+    everything = _times(CliRunner().invoke(main, ["journal", "--since", str(start), *state]).output)
+    assert everything and min(everything) >= start
+    middle = start + 15
+    early = CliRunner().invoke(
+        main, ["journal", "--since", str(start), "--until", str(middle), *state]
+    )
+    assert _times(early.output) == [t for t in everything if t < middle]
+    limited = CliRunner().invoke(main, ["journal", "--since", str(start), "--limit", "2", *state])
+    assert _times(limited.output) == everything[:2]
+    bad = CliRunner().invoke(main, ["journal", "--since", "yesterday", *state])
+    assert bad.exit_code == 2 and "or seconds since the epoch" in bad.output
+
+
+def test_journal_of_another_node_through_its_api(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gpuwatchd.yaml", tmp_path / "state", free_port(), {})
+    with daemon_process(config) as daemon:
+        added = CliRunner().invoke(
+            main, ["quarantine", "add", "gpu:2", "--reason", "drill", "--config", str(config)]
+        )
+        assert added.exit_code == 0, added.output
+        remote = CliRunner().invoke(
+            main, ["journal", "--node", daemon.url, "--subject", "gpu:2", "--since", "1h"]
+        )
+        local = CliRunner().invoke(
+            main, ["journal", "--config", str(config), "--subject", "gpu:2", "--since", "1h"]
+        )
+    assert remote.exit_code == 0, remote.output
+    assert "quarantine gpu:2 (manual" in remote.output
+    assert remote.output == local.output
+    no_scheme = CliRunner().invoke(main, ["journal", "--node", "127.0.0.1:9477"])
+    assert no_scheme.exit_code == 2
+    assert "'127.0.0.1:9477' is not a URL: write http://127.0.0.1:9477" in no_scheme.output

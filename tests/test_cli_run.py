@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -91,6 +92,9 @@ def test_run_simulate_serves_metrics_and_status_then_stops_on_sigterm(
     _, stderr = process.communicate(timeout=10)
     assert process.returncode == 0
     assert 'msg="received SIGTERM, stopping"' in stderr
+    # In a terminal (no journald to stamp them) every log line starts with its UTC time.
+    logged = [line for line in stderr.splitlines() if "level=" in line]
+    assert logged and all(re.match(r"time=\d{4}-\d\d-\d\dT[\d:.]+Z level=", x) for x in logged)
 
 
 def test_run_without_nvml_says_so_and_suggests_simulate(tmp_path: Path) -> None:
@@ -126,7 +130,142 @@ def test_status_when_no_daemon_runs_names_the_address() -> None:
 
 def test_run_rejects_a_broken_config_naming_the_line(tmp_path: Path) -> None:
     config = tmp_path / "broken.yaml"
-    config.write_text("daemon:\n  poll_interval: 10\n  listen: nowhere\n")
+    config.write_text("daemon:\n  poll_interval: 10s\n  listen: nowhere\n")
     result = CliRunner().invoke(main, ["run", "--config", str(config), "--simulate"])
     assert result.exit_code == 1
     assert f"{config}:3: daemon.listen: listen must be HOST:PORT" in result.output
+
+
+def _start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuwatchd", "run", "--interval", "200ms", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _exported(process: subprocess.Popen[str]) -> dict[str, str]:
+    """The variables of the `export ...` line a simulated daemon prints."""
+    assert process.stderr is not None
+    for _ in range(200):  # the line comes within the first few
+        line = process.stderr.readline()
+        if line.startswith("export "):
+            words = line.split("#", 1)[0].split()[1:]
+            return dict(word.split("=", 1) for word in words)
+        if not line:
+            break
+    raise AssertionError("the simulated daemon printed no export line")
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=10)
+    assert process.returncode == 0
+
+
+def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() -> None:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start("--simulate", "--listen", f"127.0.0.1:{port}")
+    try:
+        env = _exported(process)
+        assert env["GPUWATCHD_NODE"] == url
+        state_dir = Path(env["GPUWATCHD_STATE_DIR"])
+        _wait_for_poll(url, process)
+        cli = CliRunner(env=env)
+        added = cli.invoke(main, ["quarantine", "add", "gpu:3", "--reason", "fans at 100%"])
+        assert added.output == "quarantined gpu:3: fans at 100%\n"
+        journal = cli.invoke(main, ["journal", "--subject", "gpu:3"])
+        assert journal.exit_code == 0 and "quarantine gpu:3 (manual" in journal.output
+        local = cli.invoke(main, ["journal", "--subject", "gpu:3"], env={"GPUWATCHD_NODE": None})
+        assert local.output == journal.output
+        assert (state_dir / "state.db").exists()
+    finally:
+        _stop(process)
+    assert not state_dir.exists()  # a scratch directory: the run's own
+
+
+def test_a_simulated_daemon_keeps_the_config_state_dir_and_its_journal(tmp_path: Path) -> None:
+    port = _free_port()
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text(f"daemon: {{listen: '127.0.0.1:{port}', state_dir: '{tmp_path / 'st8'}'}}\n")
+    process = _start("--simulate", "--config", str(config))
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+        added = CliRunner().invoke(
+            main, ["quarantine", "add", "node", "--reason", "drill", "--config", str(config)]
+        )
+        assert added.output == "quarantined node: drill\n"
+    finally:
+        _stop(process)
+    journal = CliRunner().invoke(main, ["journal", "--config", str(config), "--subject", "node"])
+    assert journal.exit_code == 0 and "quarantine node (manual" in journal.output
+
+
+def test_log_level_on_the_command_line_overrides_the_config(tmp_path: Path) -> None:
+    port = _free_port()
+    process = _start(
+        "--simulate", "calm", "--listen", f"127.0.0.1:{port}", "--log-level", "warning"
+    )
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert "export GPUWATCHD_STATE_DIR=" in stderr  # not a log line: always shown
+    assert "level=info" not in stderr
+    verbose = CliRunner().invoke(main, ["run", "-v", "--log-level", "loud"])
+    assert verbose.exit_code == 2 and "'loud' is not one of" in verbose.output
+
+
+def test_gpuwatchd_alone_prints_its_help_and_succeeds() -> None:
+    result = CliRunner().invoke(main, [])
+    assert result.exit_code == 0
+    assert "Commands:" in result.output and "quarantine" in result.output
+
+
+def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            main,
+            ["run", "--simulate", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)],
+        )
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
+    assert list(tmp_path.iterdir()) == []  # no token file, no database
+
+
+def test_a_missing_scenario_file_names_the_built_in_scenarios(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--simulate",
+            str(tmp_path / "nosuch.yaml"),
+            "--listen",
+            f"127.0.0.1:{_free_port()}",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "nosuch.yaml: cannot read: No such file or directory" in result.output
+    assert "(built-in scenarios: calm, default)" in result.output
+
+
+def test_the_daemon_warns_of_a_token_file_others_can_write(tmp_path: Path) -> None:
+    port = _free_port()
+    token = tmp_path / "api-token"
+    token.write_text("s3cret\n")
+    token.chmod(0o666)
+    process = _start(
+        "--simulate", "calm", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path)
+    )
+    try:
+        _wait_for_poll(f"http://127.0.0.1:{port}", process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert f"the API token file {token} is open to other users (mode 0666); chmod 600" in stderr

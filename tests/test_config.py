@@ -105,3 +105,58 @@ def test_check_config_on_a_missing_file_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["check-config", str(tmp_path / "nope.yaml")])
     assert result.exit_code == 1
     assert "cannot read" in result.output
+
+
+def test_a_duration_without_a_unit_is_refused_with_the_fix() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("daemon:\n  poll_interval: 10\n", "x.yaml")
+    assert str(caught.value) == (
+        "x.yaml:2: daemon.poll_interval: 10 has no unit: write 10s (or 500ms, 5m, 2h)"
+    )
+    # Zero needs no unit: it is zero in all of them.
+    assert parse_config("checks: {memory: {window: 10m}}\npolicy: {confirm_for: 0}").policy
+
+
+def test_a_history_shorter_than_a_check_window_is_refused_naming_the_window() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("daemon:\n  history: 1m\n", "x.yaml")
+    assert str(caught.value) == (
+        "x.yaml:2: daemon.history: daemon.history is 1m, shorter than "
+        "checks.infiniband.flap_window (1h): that check could never see a full window"
+    )
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "kubernetes"])
+def test_a_scheduler_with_fleet_safety_and_no_prometheus_is_refused(scheduler: str) -> None:
+    text = f"actions:\n  {scheduler}:\n    enabled: true\n"
+    with pytest.raises(SettingsError) as caught:
+        parse_config(text, "x.yaml")
+    message = str(caught.value)
+    assert message.startswith(
+        f"x.yaml:2: actions: fleet_safety.prometheus_url is required with {scheduler}"
+    )
+    # Any of the three ways out is accepted.
+    url = "    prometheus_url: http://prometheus:9090\n"
+    for fix in (url, "    enabled: false\n", "    fail_open: true\n"):
+        parse_config(f"{text}  fleet_safety:\n{fix}")
+    parse_config(f"{text}    dry_run: true\n")
+
+
+def test_a_webhook_without_a_name_says_so_not_a_python_signature() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("actions:\n  webhooks:\n    - url: http://am:9093/\n", "x.yaml")
+    assert str(caught.value) == "x.yaml:3: actions.webhooks[0]: name is required here"
+
+
+def test_a_check_on_a_field_names_that_field_and_its_line() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("daemon:\n  listen: 127.0.0.1:1\n  log_level: loud\n", "x.yaml")
+    assert str(caught.value).startswith("x.yaml:3: daemon.log_level: log_level must be debug")
+
+
+def test_a_yaml_error_names_its_line_and_where_the_parser_was() -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_config("daemon: {poll_interval: 10s,\n\npolicy: {}\n", "x.yaml")
+    message = str(caught.value)
+    assert "<unicode string>" not in message
+    assert "while parsing a flow mapping at line 1" in message

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import urllib.error
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon_support import simulated_daemon
 
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import Config, DaemonConfig
@@ -158,3 +160,23 @@ def test_http_server_serves_metrics_status_and_healthz(tmp_path: Path) -> None:
         assert _get(f"{server.url}/nope")[0] == 404
     finally:
         server.stop()
+
+
+def test_manual_quarantines_and_releases_are_logged_with_their_operator(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with simulated_daemon("faults: []", tmp_path) as sim:
+        sim.run_until(10)
+        sim.daemon.quarantine("gpu:3", "fans at 100%", "alice")
+        sim.daemon.release("gpu:3", "fan replaced", "bob")
+    logged = [r.getMessage() for r in caplog.records if r.name == "gpuwatchd.daemon"]
+    assert "gpu:3: quarantine (manual, by alice): fans at 100%" in logged
+    assert "gpu:3: release (manual, by bob): fan replaced" in logged
+
+
+def test_an_ok_finding_is_logged_at_info(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwatchd.daemon")
+    with simulated_daemon("faults: [{at: 5s, kind: xid, gpu: 4, code: 13}]", tmp_path) as sim:
+        sim.run_until(30)
+    [record] = [r for r in caplog.records if "xid_application" in r.getMessage()]
+    assert record.levelno == logging.INFO and record.getMessage().startswith("gpu:4: ok ")

@@ -200,7 +200,7 @@ def test_threshold_call_removed_falls_back_to_the_t_limit_fields(
     refusals = [
         r.getMessage()
         for r in caplog.records
-        if "GPU 0: temperature_slowdown_celsius" in r.getMessage()
+        if "temperature_slowdown_celsius on GPU 0" in r.getMessage()
         and "TLIMIT instead" in r.getMessage()
     ]
     assert len(refusals) == 1

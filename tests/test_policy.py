@@ -4,6 +4,7 @@ overrides, hardware quarantines, the node's share, dry run."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import pytest
 from gpu_history import POLL, T0, gpu, link, record
@@ -177,16 +178,32 @@ def test_a_manual_quarantine_is_never_released_by_policy() -> None:
     assert later.health["gpu:6"] is Health.QUARANTINED
 
 
-def test_manual_wins_over_auto() -> None:
+def test_quarantining_a_hardware_quarantined_gpu_by_hand_keeps_the_original() -> None:
     [first] = run([[remap_failure("gpu:3")]])
+    original = first.state.quarantine("gpu:3")
     manual = quarantine_manually(first.state, "gpu:3", "RMA ticket 4711", "bob", T0 + 5)
-    quarantine = manual.state.quarantine("gpu:3")
-    assert quarantine is not None
-    assert (quarantine.source, quarantine.hardware) == ("manual", True)
+    assert manual.decision is None
+    assert manual.state == first.state
+    assert original is not None and (original.source, original.hardware) == ("auto", True)
     # Policy neither replaces nor releases it, findings or not.
     results = run([[remap_failure("gpu:3")], []], state=manual.state, start=T0 + 10)
     assert all(d.subject != "gpu:3" for r in results for d in r.decisions)
-    assert results[-1].state.quarantine("gpu:3") == quarantine
+    assert results[-1].state.quarantine("gpu:3") == original
+
+
+def test_a_manual_quarantine_replaces_a_dry_runs() -> None:
+    [first] = run([[remap_failure("gpu:3")]], config=replace(CONFIG, dry_run=True))
+    held = first.state.quarantine("gpu:3")
+    assert held is not None and held.dry_run
+    manual = quarantine_manually(first.state, "gpu:3", "RMA ticket 4711", "bob", T0 + 5)
+    assert manual.decision is not None
+    quarantine = manual.state.quarantine("gpu:3")
+    assert quarantine is not None
+    assert (quarantine.source, quarantine.dry_run, quarantine.reason) == (
+        "manual",
+        False,
+        "RMA ticket 4711",
+    )
 
 
 def test_a_manual_release_stands_while_the_finding_that_caused_it_lasts() -> None:

@@ -83,6 +83,7 @@ EXPORTED_METRICS = frozenset(
         # Webhooks
         "gpuwatchd_webhook_deliveries_total",
         "gpuwatchd_webhook_outbox_pending",
+        "gpuwatchd_scheduler_drain_withheld",
     }
 )
 

@@ -71,9 +71,11 @@ def test_add_list_and_release_through_a_running_daemon(daemon: DaemonProcess, co
 
     with closing(Store.open(str(daemon.state_dir))) as store:
         manual = [e for e in store.journal() if e.source == "manual"]
-    assert [(e.kind, e.subject, e.operator) for e in manual] == [
-        ("quarantine", "gpu:5", OPERATOR),
-        ("release", "gpu:5", OPERATOR),
+    assert [(e.kind, e.subject, e.operator, e.message) for e in manual] == [
+        ("quarantine", "gpu:5", OPERATOR, "fan at 100%"),
+        ("health_changed", "gpu:5", OPERATOR, "healthy -> quarantined"),
+        ("release", "gpu:5", OPERATOR, f"released by {OPERATOR}"),
+        ("health_changed", "gpu:5", OPERATOR, "quarantined -> degraded"),
     ]
 
 
@@ -87,7 +89,9 @@ def test_a_wrong_token_is_refused_and_journaled(
         "--token-file", str(wrong),
     )  # fmt: skip
     assert result.exit_code == 1
-    assert f"the bearer token is not valid (token from {wrong})" in result.output
+    assert f"the bearer token is not valid (the daemon refused the token from {wrong})" in (
+        result.output
+    )
     assert "gpuwatchd_quarantined{" not in daemon.metrics()
     with closing(Store.open(str(daemon.state_dir))) as store:
         refused = [e.message for e in store.journal() if e.kind == "api_refused"]
@@ -107,28 +111,28 @@ def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_star
             free_port(),
             {"actions": {"webhooks": webhooks}},
         )
-        added = cli("quarantine", "add", "gpu:2", "--reason", "RMA", "--config", str(config))
+        added = cli("quarantine", "add", "node", "--reason", "RMA", "--config", str(config))
         assert added.exit_code == 0, added.output
         assert "gpuwatchd is not running here: using the state database" in added.output
-        assert added.output.endswith("quarantined gpu:2: RMA\n")
+        assert added.output.endswith("quarantined node: RMA\n")
         listed = cli("quarantine", "list", "--json", "--config", str(config))
-        assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["gpu:2"]
+        assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["node"]
 
         with daemon_process(config) as daemon:
-            assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="gpu:2"} 1.0' in (
+            assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="node"} 1.0' in (
                 daemon.metrics()
             )
             # The event written with the offline change is delivered by the daemon.
             (event, *_) = wait_for(hook.payloads, "the offline quarantine's webhook event")
             assert (event["kind"], event["subject"], event["operator"]) == (
                 "quarantine",
-                "gpu:2",
+                "node",
                 OPERATOR,
             )
             # ...and the daemon takes the release from there on.
-            released = cli("quarantine", "release", "gpu:2", "--config", str(config))
+            released = cli("quarantine", "release", "node", "--config", str(config))
             assert released.exit_code == 0 and "state database" not in released.output
-            assert 'subject="gpu:2"' not in _quarantined(daemon)
+            assert 'subject="node"' not in _quarantined(daemon)
 
 
 def test_offline_subjects_are_checked_against_the_last_known_samples(
@@ -139,7 +143,7 @@ def test_offline_subjects_are_checked_against_the_last_known_samples(
     by_uuid = cli("quarantine", "add", f"gpu:{uuid}", "--reason", "x", "--config", str(config))
     assert by_uuid.exit_code == 0 and by_uuid.output.endswith("quarantined gpu:6: x\n")
     missing = cli("quarantine", "add", "gpu:8", "--reason", "x", "--config", str(config))
-    assert missing.exit_code == 2 and "gpu:8 is not on this node" in missing.output
+    assert missing.exit_code == 1 and "gpu:8 is not on this node" in missing.output
 
 
 def test_an_explicit_node_that_does_not_answer_is_an_error_not_the_local_database(
@@ -152,3 +156,79 @@ def test_an_explicit_node_that_does_not_answer_is_an_error_not_the_local_databas
     assert result.exit_code == 1
     assert f"cannot reach the gpuwatchd daemon at {url}" in result.output
     assert not (config.parent / "state" / "state.db").exists()
+
+
+def test_a_gpu_quarantined_offline_on_a_node_never_seen_is_refused_and_nothing_is_written(
+    config: Path,
+) -> None:
+    result = cli(
+        "quarantine", "add", "gpu:99", "--reason", "offline bogus", "--config", str(config)
+    )
+    assert result.exit_code == 1
+    assert "gpu:99: gpuwatchd is not running and there is no" in result.output
+    assert not (config.parent / "state").exists()
+
+
+def test_a_gpu_the_saved_readings_lack_is_refused_offline_as_online(config: Path) -> None:
+    node = cli("quarantine", "add", "node", "--reason", "drill", "--config", str(config))
+    assert node.exit_code == 0, node.output
+    # A database with no readings yet (the daemon never ran) cannot vouch for a GPU.
+    phantom = cli("quarantine", "add", "gpu:99", "--reason", "x", "--config", str(config))
+    assert phantom.exit_code == 1 and "holds no readings of this node yet" in phantom.output
+    assert [q["subject"] for q in _listed(config)] == ["node"]
+
+
+def _listed(config: Path) -> list[dict[str, object]]:
+    listed = CliRunner().invoke(main, ["quarantine", "list", "--json", "--config", str(config)])
+    assert listed.exit_code == 0, listed.output
+    quarantines: list[dict[str, object]] = json.loads(listed.stdout)
+    return quarantines
+
+
+def test_listing_quarantines_creates_no_database_and_slurm_still_has_no_verdict(
+    config: Path,
+) -> None:
+    listed = cli("quarantine", "list", "--config", str(config))
+    assert listed.exit_code == 0
+    assert listed.stdout == "no quarantines\n"
+    assert "there is no" in listed.stderr and "applies the change" not in listed.stderr
+    assert not (config.parent / "state").exists()
+    verdict = cli("slurm-healthcheck", "--config", str(config))
+    assert verdict.exit_code == 0 and verdict.output.startswith("gpuwatchd: no verdict")
+    assert not (config.parent / "state").exists()
+
+
+def test_quarantining_an_already_quarantined_gpu_keeps_the_original(
+    daemon: DaemonProcess, config: Path
+) -> None:
+    first = cli("quarantine", "add", "gpu:2", "--reason", "bad fan", "--config", str(config))
+    assert first.output == "quarantined gpu:2: bad fan\n"
+    again = cli("quarantine", "add", "gpu:2", "--reason", "dup", "--config", str(config))
+    assert again.exit_code == 0
+    assert again.output.startswith("gpu:2 was already quarantined (manual, since ")
+    assert again.output.endswith("): bad fan; left as it was\n")
+    [held] = [q for q in _listed(config) if q["subject"] == "gpu:2"]
+    assert (held["reason"], held["source"]) == ("bad fan", "manual")
+    with closing(Store.open(str(daemon.state_dir))) as store:
+        assert [e.kind for e in store.journal(subject="gpu:2") if e.source == "manual"] == [
+            "quarantine",
+            "health_changed",
+        ]
+
+
+def test_a_token_file_others_can_read_is_warned_of(tmp_path: Path) -> None:
+    token = tmp_path / "api-token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    url = f"http://127.0.0.1:{free_port()}"
+    result = cli(
+        "quarantine", "add", "node", "--reason", "x", "--node", url, "--token-file", str(token)
+    )
+    assert f"warning: the API token file {token} is open to other users (mode 0644)" in (
+        result.stderr
+    )
+    token.chmod(0o600)
+    again = cli(
+        "quarantine", "add", "node", "--reason", "x", "--node", url, "--token-file", str(token)
+    )
+    assert "warning" not in again.stderr

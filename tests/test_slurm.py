@@ -5,6 +5,7 @@ runs nothing; and `gpuwatchd slurm-healthcheck`."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,22 @@ def test_slurm_healthcheck_passes_a_healthy_node_and_one_it_knows_nothing_of(
     config.write_text(f"daemon: {{listen: '127.0.0.1:1', state_dir: '{state}'}}\n")
     healthy = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
     assert (healthy.exit_code, healthy.output) == (0, "gpuwatchd: node healthy\n")
+
+
+def test_slurm_healthcheck_reads_the_state_database_when_the_daemon_hangs(
+    tmp_path: Path,
+) -> None:
+    state = _state_dir_with(tmp_path, ("node", "bad PSU"))
+    # A listener that never accepts: the connection is made, no answer ever comes.
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(1)
+        port = hung.getsockname()[1]
+        config = tmp_path / "gpuwatchd.yaml"
+        config.write_text(f"daemon: {{listen: '127.0.0.1:{port}', state_dir: '{state}'}}\n")
+        result = CliRunner().invoke(
+            main, ["slurm-healthcheck", "--timeout", "200ms", "--config", str(config)]
+        )
+    assert result.exit_code == 1
+    assert result.stdout == "gpuwatchd: node quarantined: node bad PSU\n"
+    assert "the daemon did not answer" in result.stderr

@@ -49,7 +49,7 @@ pytestmark = [
 
 def _demo_stack() -> ModuleType:
     # The script has no .py suffix, so it is loaded by path.
-    loader = importlib.machinery.SourceFileLoader("demo_stack", str(REPO / "scripts/demo-stack"))
+    loader = importlib.machinery.SourceFileLoader("demo_stack", str(REPO / "scripts/demo_stack.py"))
     spec = importlib.util.spec_from_loader("demo_stack", loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
@@ -88,11 +88,12 @@ EXPECTED_ALERTS = {
 }
 CALM_NODE = "node-1"
 
-# The series this stack cannot show: no webhook is configured on the nodes, and
-# H100s report row remapping, not page retirement.
+# The series this stack cannot show: no webhook or scheduler is configured on
+# the nodes, and H100s report row remapping, not page retirement.
 NOT_EXPORTED_HERE = {
     "gpuwatchd_webhook_deliveries_total",
     "gpuwatchd_webhook_outbox_pending",
+    "gpuwatchd_scheduler_drain_withheld",
     "gpuwatchd_gpu_retired_pages",
     "gpuwatchd_gpu_retired_pages_pending",
 }

@@ -107,7 +107,9 @@ def test_manual_quarantine_and_release_are_journaled_with_their_operator(store: 
     entries = store.journal(subject="gpu:2")
     assert [(e.kind, e.operator, e.message) for e in entries] == [
         ("quarantine", "alice", "bad fan"),
+        ("health_changed", "alice", "new -> quarantined"),
         ("release", "bob", "fan replaced"),
+        ("health_changed", "bob", "quarantined -> degraded"),
     ]
 
 
@@ -136,7 +138,10 @@ def test_the_journal_is_queryable_by_time_and_subject(store: Store) -> None:
         ("finding_cleared", "row_remap_failure"),
     ]
     assert gpu3[0].data == {"action": "none", "definitive": True, "evidence": {}}
-    assert [e.subject for e in store.journal(since=T0 + 15)] == ["gpu:0"]
+    assert [e.kind for e in store.journal(since=T0 + 15)] == ["quarantine", "health_changed"]
+    assert [e.subject for e in store.journal(since=T0 + 15)] == ["gpu:0", "gpu:0"]
+    assert "gpu:0" not in {e.subject for e in store.journal(until=T0 + 15)}
+    assert len(store.journal(until=T0 + 15)) == len(store.journal()) - 2
     assert len(store.journal(limit=2)) == 2
 
 

@@ -51,6 +51,7 @@ class DaemonError(Exception):
 class DaemonClient:
     url: str
     context: ssl.SSLContext | None = None  # for https; None: the system's CAs
+    timeout: float = REQUEST_TIMEOUT_SECONDS
 
     def get(self, path: str) -> dict[str, Any]:
         return self.send("GET", path)
@@ -74,7 +75,7 @@ class DaemonClient:
         )
         try:
             with urllib.request.urlopen(
-                request, timeout=REQUEST_TIMEOUT_SECONDS, context=self.context
+                request, timeout=self.timeout, context=self.context
             ) as response:
                 document: dict[str, Any] = json.load(response)
                 return document
@@ -105,6 +106,7 @@ class Offline:
 
     def __init__(self, config: Config, state_dir: str) -> None:
         self.config = config
+        self.state_dir = state_dir
         self.store = Store.open(state_dir)
 
     def close(self) -> None:
@@ -117,16 +119,26 @@ class Offline:
         self.close()
 
     def subject(self, text: str) -> str:
-        """`text` as a subject of this node, by its last known samples."""
+        """`text` as a subject of this node, by its last known samples. With
+        none saved yet only `node` and held subjects are taken: unlike a
+        starting daemon, nothing here will ever check a guess against the
+        hardware, and a phantom GPU's quarantine would count against the node."""
         readings = self.store.last_readings(time.time(), max_age=math.inf)
         gpus = [gpu for reading in readings for gpu in reading.gpus or ()]
         ports = [port for reading in readings for port in reading.ports or ()]
         subject = resolve_subject(text, gpus)
-        held = (q.subject for q in self.store.quarantines())
-        check_on_node(subject, node_subjects(gpus, ports), held)
+        held = {q.subject for q in self.store.quarantines()}
+        known = node_subjects(gpus, ports)
+        if known <= {NODE} and subject not in held | {NODE}:
+            raise ValueError(
+                f"{subject}: the state database in {self.state_dir} holds no readings of this "
+                "node yet, so whether it has that part is unknown; start gpuwatchd once, or "
+                "quarantine node"
+            )
+        check_on_node(subject, known, held)
         return subject
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision:
+    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None:
         return self.store.quarantine(subject, reason, operator, time.time(), self._events(operator))
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None:

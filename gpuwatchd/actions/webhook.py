@@ -2,9 +2,11 @@
 
 Reads events (gpuwatchd.actions.events) from the store's outbox, where the
 daemon wrote them in the transaction of the decisions they report, and posts
-them to each configured webhook in its format: `alertmanager` (the
-Alertmanager webhook payload, version 4), `slack` (an incoming webhook),
-`pagerduty` (Events API v2) or `json` (docs/webhooks.md).
+them to each configured webhook in its format: `alertmanager_api` (to
+Alertmanager itself: its API v2 `POST /api/v2/alerts`), `alertmanager` (the
+payload Alertmanager's own webhooks send, version 4, for receivers built for
+those), `slack` (an incoming webhook), `pagerduty` (Events API v2) or `json`
+(docs/webhooks.md).
 
 Delivery is at least once and, per webhook, strictly in order: the oldest
 pending event is the only one tried, so a receiver that is down holds back its
@@ -46,7 +48,7 @@ from gpuwatchd.units import format_duration
 
 log = logging.getLogger(__name__)
 
-Format = Literal["alertmanager", "slack", "pagerduty", "json"]
+Format = Literal["alertmanager_api", "alertmanager", "slack", "pagerduty", "json"]
 FIRING = "firing"
 RESOLVED = "resolved"
 DELIVERED = "delivered"
@@ -59,6 +61,11 @@ JSON_SCHEMA = "gpuwatchd.event.v1"
 
 # Alertmanager's zero time: endsAt of an alert that is still firing.
 ZERO_TIME = "0001-01-01T00:00:00Z"
+# How long Alertmanager keeps a firing alert posted to its API. Prometheus
+# posts every alert again each evaluation, and Alertmanager resolves one not
+# seen for resolve_timeout (5m); gpuwatchd posts each change once, so the alert
+# must stand until its resolve is posted. A year bounds one that never comes.
+ALERTMANAGER_HOLD_SECONDS = 365 * 86400.0
 # Names distinct from the Prometheus rules' alerts, which a receiver may get too.
 ALERTNAMES: Mapping[str, str] = {
     QUARANTINED: "GpuwatchdQuarantined",
@@ -164,8 +171,29 @@ def fingerprint(labels: Mapping[str, str]) -> str:
     return f"{value:016x}"
 
 
-def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any]:
-    identity = {"alertname": ALERTNAMES[event.alert], "node": event.node, "subject": event.subject}
+def _alertmanager_api(event: Event, route: Route, context: Context) -> list[dict[str, Any]]:
+    """Alertmanager's postableAlerts: the alert of the webhook payload without
+    the fields only Alertmanager itself sets, and an end in the future while
+    it fires."""
+    alert = _alertmanager_alert(event, route, context)
+    ends = event.time if route.status == RESOLVED else event.time + ALERTMANAGER_HOLD_SECONDS
+    return [
+        {
+            "labels": alert["labels"],
+            "annotations": alert["annotations"],
+            "startsAt": alert["startsAt"],
+            "endsAt": _iso(ends),
+            "generatorURL": alert["generatorURL"],
+        }
+    ]
+
+
+def _alertmanager_identity(event: Event) -> dict[str, str]:
+    return {"alertname": ALERTNAMES[event.alert], "node": event.node, "subject": event.subject}
+
+
+def _alertmanager_alert(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    identity = _alertmanager_identity(event)
     labels = {**identity, "severity": route.severity}
     annotations = {
         name: text
@@ -180,7 +208,7 @@ def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any
         )
         if text
     }
-    alert = {
+    return {
         "status": route.status,
         "labels": labels,
         "annotations": annotations,
@@ -191,6 +219,11 @@ def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any
         # when the node's health changed severity in between.
         "fingerprint": fingerprint(identity),
     }
+
+
+def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any]:
+    identity = _alertmanager_identity(event)
+    alert = _alertmanager_alert(event, route, context)
     group = ", ".join(f'{name}="{value}"' for name, value in identity.items())
     return {
         "version": "4",
@@ -199,8 +232,8 @@ def _alertmanager(event: Event, route: Route, context: Context) -> dict[str, Any
         "status": route.status,
         "receiver": context.webhook,
         "groupLabels": identity,
-        "commonLabels": labels,
-        "commonAnnotations": annotations,
+        "commonLabels": alert["labels"],
+        "commonAnnotations": alert["annotations"],
         "externalURL": context.external_url,
         "alerts": [alert],
     }
@@ -269,7 +302,8 @@ def _json(event: Event, route: Route, context: Context) -> dict[str, Any]:
     }
 
 
-RENDERERS: Mapping[str, Callable[[Event, Route, Context], dict[str, Any]]] = {
+RENDERERS: Mapping[str, Callable[[Event, Route, Context], object]] = {
+    "alertmanager_api": _alertmanager_api,
     "alertmanager": _alertmanager,
     "slack": _slack,
     "pagerduty": _pagerduty,

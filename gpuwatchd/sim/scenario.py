@@ -358,7 +358,10 @@ def load(name_or_path: str | None) -> Scenario:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as error:
-            raise ScenarioError(f"{name}: cannot read: {error.strerror}") from error
+            known = ", ".join(builtin_names())
+            raise ScenarioError(
+                f"{name}: cannot read: {error.strerror} (built-in scenarios: {known})"
+            ) from error
         if captures.is_capture(text):
             return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))

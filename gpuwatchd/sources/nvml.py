@@ -406,12 +406,16 @@ _NO_LINK_COUNTERS = _LinkCounters("none")
 class _Availability:
     """What each GPU does not provide: logged once per (GPU, value); not asked
     again when the refusal is permanent, and asked again after REASK_REFUSED_S
-    when it is NotSupported."""
+    when it is NotSupported. The refusals of one poll are logged together by
+    `flush()`, one line a level: a node's GPUs refuse the same values, and 24
+    lines at start-up bury the ones that matter."""
 
     def __init__(self) -> None:
         # (GPU, value, call) -> when to ask again (infinity: never).
         self._refused: dict[tuple[int, str, str], float] = {}
         self._logged: set[tuple[int, str, str]] = set()
+        # (source, code, then) -> value -> GPUs, not logged yet
+        self._unlogged: dict[tuple[str, int, str], dict[str, list[int]]] = {}
 
     def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
         return self._refused.get((gpu, subject, source), -math.inf) > now
@@ -432,16 +436,32 @@ class _Availability:
         if key in self._logged:
             return
         self._logged.add(key)
-        level = logging.INFO if code in _REFUSALS else logging.WARNING
-        log.log(
-            level,
-            "GPU %d: %s not read by %s (%s); %s",
-            gpu,
-            subject,
-            source,
-            _error_text(code),
-            then,
-        )
+        self._unlogged.setdefault((source, code, then), {}).setdefault(subject, []).append(gpu)
+
+    def flush(self) -> None:
+        """Log what was refused since the last flush: one line for the
+        expected refusals (info), one for the errors (warning)."""
+        by_level: dict[int, list[str]] = {}
+        for (source, code, then), values in self._unlogged.items():
+            level = logging.INFO if code in _REFUSALS else logging.WARNING
+            for subject, gpus in values.items():
+                by_level.setdefault(level, []).append(
+                    f"{subject} on GPU {_ranges(gpus)} ({source}: {_error_text(code)}; {then})"
+                )
+        self._unlogged.clear()
+        for level, parts in sorted(by_level.items()):
+            log.log(level, "values not read: %s", "; ".join(parts))
+
+
+def _ranges(numbers: list[int]) -> str:
+    """`0-3, 5` for [0, 1, 2, 3, 5]."""
+    spans: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -1115,6 +1135,7 @@ class NvmlSource:
         self._gpus = tuple(_Gpu(index) for index in range(count))
         for gpu in self._gpus:
             self._identify(gpu)
+        self._availability.flush()
         self._xids = _XidListener(clock, self._gpus, xid_thread) if config.xid_events else None
         self._closed = False
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
@@ -1157,10 +1178,12 @@ class NvmlSource:
         events = self._xids.drain() if self._xids is not None else ()
         for event in events:
             self._gpus[event.gpu].xid_counts[event.code] += 1
+        gpus = tuple(self._sample(gpu, now) for gpu in self._gpus)
+        self._availability.flush()
         return Reading(
             source=self.name,
             time=now,
-            gpus=tuple(self._sample(gpu, now) for gpu in self._gpus),
+            gpus=gpus,
             xid_events=events,
             driver_version=self._driver_version,
         )
