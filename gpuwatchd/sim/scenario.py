@@ -16,6 +16,7 @@ index out of range is rejected with a message that names the fault.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -46,9 +48,13 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
     "ib_congestion": (frozenset({"hca", "port", "rate"}), frozenset()),
+    "ib_counter_pinned": (frozenset({"hca", "port", "counter"}), frozenset()),
+    "ib_counter_einval": (frozenset({"hca", "port", "counter"}), frozenset()),
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+# A file under a port's counters/ or hw_counters/ (port_xmit_wait, out_of_buffer).
+_COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 # What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
 # says what each mode is); `consistent` when no mode is given.
@@ -97,6 +103,7 @@ class Fault:
     code: int | None = None
     ratio: float | None = None
     mode: str | None = None
+    counter: str | None = None  # an InfiniBand counter file's name
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -177,6 +184,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         code=_require_int(raw["code"], "code", label) if "code" in raw else None,
         ratio=float(raw["ratio"]) if "ratio" in raw else None,
         mode=str(raw["mode"]) if "mode" in raw else None,
+        counter=str(raw["counter"]) if "counter" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -202,6 +210,13 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: unknown mode {fault.mode!r} (known modes: {known})")
     if fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.kind == "ib_counter_pinned" and fault.counter not in COUNTER_BITS:
+        known = ", ".join(sorted(COUNTER_BITS))
+        raise ScenarioError(
+            f"{label}: counter {fault.counter!r} has no IBTA maximum to pin at (known: {known})"
+        )
+    if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
+        raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
 
 
 def parse(text: str, name: str = "scenario") -> Scenario:
