@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput
+from gpuwatchd.checks.infiniband import learned_ports
 from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
@@ -38,6 +39,9 @@ from gpuwatchd.sources import Source
 from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
 
 log = logging.getLogger(__name__)
+
+# The kind of expected hardware (Store.expect) the InfiniBand ports are.
+EXPECTED_PORTS = "infiniband_port"
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -104,6 +108,10 @@ class Daemon:
         for reading in self.store.last_readings(now, max_age=config.daemon.history):
             self.history.record(reading)
         self.state: PolicyState = self.store.load_state()
+        # Read at start only: a port forgotten in the database (removed on
+        # purpose) is forgotten by the daemon when it restarts.
+        self._expected_ports = self.store.expected(EXPECTED_PORTS)
+        self._source_errors: dict[str, str] = {}
         self.actions = Actions(
             config.actions,
             self.store,
@@ -142,7 +150,8 @@ class Daemon:
 
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
-        checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
+        inputs = CheckInputs(self.history, now, boots, self._expected_ports)
+        checked = run_all(inputs, self.config.checks)
         gathered = _gathered(readings, now, self._polls)
         canary = self._poll_canary(now, gathered.gpus)
         if canary is not None:
@@ -288,13 +297,37 @@ class Daemon:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
         for reading in readings:
-            if reading.error is not None:
-                log.warning("source %s: %s", reading.source, reading.error)
+            self._log_source_error(reading)
             self.history.record(reading)
+        self._learn_ports(readings, now)
         self._polls += 1
         snapshot = self._decide(readings, now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
+
+    def _log_source_error(self, reading: Reading) -> None:
+        """A source's error when it starts or changes, and its recovery: a
+        lasting one (a node without InfiniBand) is in source_up, not every poll."""
+        previous = self._source_errors.get(reading.source)
+        if reading.error == previous:
+            return
+        if reading.error is not None:
+            log.warning("source %s: %s", reading.source, reading.error)
+            self._source_errors[reading.source] = reading.error
+        else:
+            log.info("source %s: working again", reading.source)
+            del self._source_errors[reading.source]
+
+    def _learn_ports(self, readings: Sequence[Reading], now: float) -> None:
+        """Remember the InfiniBand ports seen ACTIVE, so that one gone after a
+        restart or a reboot is missed (checks.infiniband.expect_ports_seen_active)."""
+        if not self.config.checks.infiniband.expect_ports_seen_active:
+            return
+        new = learned_ports(readings) - self._expected_ports
+        if new:
+            log.info("expecting InfiniBand port(s) from now on: %s", ", ".join(sorted(new)))
+            self._write(lambda: self.store.expect(EXPECTED_PORTS, new, now))
+            self._expected_ports |= new
 
     def run(self, notifier: Notifier | None = None) -> None:
         """Poll until `stop()`; each poll starts one interval after the last one started.

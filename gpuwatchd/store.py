@@ -9,6 +9,9 @@ webhook by the senders in `gpuwatchd.actions.webhook`. Every write is one
 transaction with `synchronous=FULL`: a process killed at any moment,
 SIGKILL included, loses no committed quarantine.
 
+It also keeps the hardware the node learned it must keep (`expect`), so that
+a part gone after a restart or reboot is missed by name.
+
 A database that cannot be opened, read or written raises `StoreError`, whose
 message names the file and what to do; the daemon can go on monitoring with
 `Store.in_memory()` (`persistent` is False) and export that it cannot persist.
@@ -135,6 +138,16 @@ MIGRATIONS: tuple[str, ...] = (
         since REAL NOT NULL,
         severity TEXT NOT NULL,
         PRIMARY KEY (webhook, alert)
+    );
+    """,
+    # The hardware a node is expected to have, learned from what it showed
+    # when healthy (`kind` says which: infiniband_port), so that a part that is
+    # gone or never came up after a restart or reboot is missed by name.
+    """
+    CREATE TABLE expected_hardware (
+        subject TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        first_seen REAL NOT NULL
     );
     """,
 )
@@ -499,6 +512,25 @@ class Store:
                 BootXid(row["boot_id"], row["gpu"], row["uuid"], row["code"]) for row in xids
             ),
         )
+
+    # --- expected hardware ---------------------------------------------------------
+
+    def expect(self, kind: str, subjects: Iterable[str], now: float) -> None:
+        """Remember `subjects` as hardware of `kind` this node must keep."""
+        with self._writing() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO expected_hardware (subject, kind, first_seen)"
+                " VALUES (?, ?, ?)",
+                [(subject, kind, now) for subject in subjects],
+            )
+
+    def expected(self, kind: str) -> frozenset[str]:
+        """The subjects of `kind` this node learned it must keep."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT subject FROM expected_hardware WHERE kind = ?", (kind,)
+            ).fetchall()
+        return frozenset(row["subject"] for row in rows)
 
     # --- samples across restarts --------------------------------------------------
 

@@ -434,7 +434,7 @@ def test_the_config_rejects_values_that_cannot_work(settings: dict[str, object])
 # The block for config/gpuwatchd.yaml under `checks: infiniband:`.
 DOCUMENTED_YAML = """
 expected_ports: []              # device/port patterns that must be up, e.g. [mlx5_*/1]
-expect_ports_seen_active: true  # also expect every port seen ACTIVE in history to stay up
+expect_ports_seen_active: true  # also expect every port seen ACTIVE (remembered) to stay up
 min_rate_gbps: 0                # lowest acceptable rate of an expected port, Gb/s (0: highest seen)
 flap_window: 1h                 # window for link_downed + link_error_recovery increments
 flap_warn_count: 1              # flap events in the window that warn

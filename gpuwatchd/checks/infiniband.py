@@ -4,7 +4,11 @@ Reads the port samples in History (from `gpuwatchd.sources.infiniband`) and
 judges each port `ib:<device>/<port>`:
 
 - `ib_port_down` (critical): an expected port is not ACTIVE / LinkUp;
-  `ib_port_missing` (critical): an expected port is gone from sysfs;
+  `ib_port_missing` (critical): an expected port is gone from sysfs. Expected
+  are the ports `expected_ports` lists and, by default, every port the node
+  was seen with ACTIVE: remembered in the state database by the daemon
+  (`learned_ports`), so that after a restart or a reboot a port that is gone
+  or never came up is missed by name with no list to type on a uniform fleet;
   `ib_port_rate_degraded` (warn): an expected port trained below its rate.
 - `ib_link_flapping`: link-down events (link_downed, or the port seen
   leaving ACTIVE/LinkUp, whichever says more) + link_error_recovery increments
@@ -29,7 +33,7 @@ saturation never give negative or absurd rates. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from itertools import pairwise
@@ -45,7 +49,7 @@ from gpuwatchd.counters import (
     window,
 )
 from gpuwatchd.history import History, series
-from gpuwatchd.model import Action, Finding, Measurement, PortSample, Severity
+from gpuwatchd.model import Action, Finding, Measurement, PortSample, Reading, Severity
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.units import format_duration
@@ -79,11 +83,12 @@ class InfinibandCheckConfig:
     # Ports that must be up, as `device/port` patterns (`mlx5_*/1`). A listed
     # port that is down, or that sysfs does not show, is critical.
     expected_ports: tuple[str, ...] = ()
-    # Also expect every port seen ACTIVE in history to stay up. Unused ports
-    # (never cabled) then raise nothing, while any port that carried traffic
-    # and went down does; after a reboot a port that never came up is caught
-    # only through expected_ports, and a port down for longer than the
-    # daemon's history is forgotten, so production nodes should list theirs.
+    # Also expect every port seen ACTIVE to stay up. Unused ports (never
+    # cabled) then raise nothing, while any port that carried traffic and went
+    # down does. The daemon remembers these ports in the state database, so
+    # after a restart or a reboot a port that is gone or never came up is
+    # still expected: the first healthy start teaches a uniform fleet its
+    # ports with nothing to type (gpud asks for a port count per node group).
     expect_ports_seen_active: bool = True
     # The lowest acceptable rate of an expected ACTIVE port, in Gb/s as sysfs
     # `rate` shows it (400 for NDR). 0 keeps only the rule that a port must
@@ -488,9 +493,12 @@ def _saturation(port: Port, samples: Samples, out: _Verdicts) -> None:
     )
 
 
-def _expected(history: History, ports: Sequence[Port], config: InfinibandCheckConfig) -> set[Port]:
+def _expected(
+    history: History, ports: Sequence[Port], config: InfinibandCheckConfig, learned: set[Port]
+) -> set[Port]:
     expected = {port for port in ports if _listed(port, config.expected_ports)}
     if config.expect_ports_seen_active:
+        expected |= learned
         expected |= {
             port
             for port in ports
@@ -499,34 +507,61 @@ def _expected(history: History, ports: Sequence[Port], config: InfinibandCheckCo
     return expected
 
 
-def _missing(port: Port, last_seen: float | None, now: float, out: _Verdicts) -> None:
-    evidence: dict[str, float | int | str] = {}
+def learned_ports(readings: Iterable[Reading]) -> set[str]:
+    """The subjects of the ports ACTIVE in these readings: what a node learns
+    it must keep (`expect_ports_seen_active`; the daemon records them)."""
+    return {
+        port.subject
+        for reading in readings
+        for port in reading.ports or ()
+        if port.state_id == ACTIVE
+    }
+
+
+def _port_of(subject: str) -> Port | None:
+    device, _, number = subject.removeprefix("ib:").rpartition("/")
+    return (device, int(number)) if device and number.isascii() and number.isdigit() else None
+
+
+def _missing(
+    port: Port, last_seen: float | None, now: float, learned: bool, out: _Verdicts
+) -> None:
+    evidence: dict[str, float | int | str] = {"learned": int(learned)}
     if last_seen is not None:
         evidence["seconds_since_seen"] = now - last_seen
+    why = "seen ACTIVE on this node before" if learned else "listed in expected_ports"
     out.find(
         port,
         "ib_port_missing",
         Severity.CRITICAL,
-        "expected port is not in sysfs (HCA lost or driver not loaded)",
+        f"expected port ({why}) is not in sysfs (HCA lost or driver not loaded)",
         Action.INSPECT_HARDWARE,
         evidence,
     )
 
 
-def run(history: History, now: float, config: InfinibandCheckConfig) -> CheckOutput:
-    ports = history.port_keys()
-    if not ports:
+def run(
+    history: History,
+    now: float,
+    config: InfinibandCheckConfig,
+    learned: Collection[str] = frozenset(),
+) -> CheckOutput:
+    """`learned`: the `ib:<device>/<port>` subjects the node learned it must
+    keep (recorded in the state database), expected with `expect_ports_seen_active`."""
+    last_poll = history.last_port_poll
+    if last_poll is None:
         # No InfiniBand reading yet: nothing is known, so nothing is judged.
         return CheckOutput()
+    ports = history.port_keys()
+    remembered = {port for port in map(_port_of, learned) if port is not None}
     out = _Verdicts()
-    expected = _expected(history, ports, config)
-    # The newest sample of any port is the last poll: a port not in it is gone.
-    last_poll = max(history.port(*port)[-1][0] for port in ports)
+    expected = _expected(history, ports, config, remembered)
     for port in ports:
         samples = history.port(*port)
+        # A port not in the last poll that listed ports is gone.
         if samples[-1][0] < last_poll:
             if port in expected:
-                _missing(port, samples[-1][0], now, out)
+                _missing(port, samples[-1][0], now, port in remembered, out)
             continue
         if port in expected:
             _link_state(port, samples, config, out)
@@ -534,6 +569,9 @@ def run(history: History, now: float, config: InfinibandCheckConfig) -> CheckOut
         _bit_errors(port, samples, now, config, out)
         _congestion(port, samples, now, config, out)
         _saturation(port, samples, out)
-    for port in sorted(_named_ports(config.expected_ports) - set(ports)):
-        _missing(port, None, now, out)
+    unseen = _named_ports(config.expected_ports)
+    if config.expect_ports_seen_active:
+        unseen |= remembered
+    for port in sorted(unseen - set(ports)):
+        _missing(port, None, now, port in remembered, out)
     return CheckOutput(tuple(out.findings), tuple(out.measurements))

@@ -38,11 +38,13 @@ class ChecksConfig:
 
 @dataclass(frozen=True)
 class CheckInputs:
-    """What every check may read: the history, the time, and the boots seen."""
+    """What every check may read: the history, the time, the boots seen, and
+    the InfiniBand ports the node learned it must keep (`ib:<device>/<port>`)."""
 
     history: History
     now: float
     boots: xid.BootRecord
+    expected_ports: frozenset[str] = frozenset()
 
 
 Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
@@ -54,7 +56,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost)),
-    (infiniband.NAME, lambda i, c: infiniband.run(i.history, i.now, c.infiniband)),
+    (
+        infiniband.NAME,
+        lambda i, c: infiniband.run(i.history, i.now, c.infiniband, i.expected_ports),
+    ),
 )
 
 
