@@ -28,17 +28,23 @@ def worrying(snapshot: Snapshot) -> list[tuple[str, str, str]]:
     ]
 
 
-def test_a_port_learned_healthy_and_gone_after_a_restart_is_missed_by_name(
-    tmp_path: Path,
-) -> None:
-    with simulated_daemon(NODE % 2 + "faults: []\n", tmp_path) as sim:
+def restarted(state: Path, node: str, config: Config | None = None) -> Snapshot:
+    """The first poll of a daemon restarted on `node` hours after a healthy
+    start on two HCAs, on the same state database."""
+    with simulated_daemon(NODE % 2 + "faults: []\n", state, config) as sim:
         sim.run_until(30)
         # Long after: the history window holds nothing of the first run.
         restart = sim.clock.now() + 6 * 3600
+    shutil.rmtree(state / "sysfs")
+    with simulated_daemon(node, state, config, start=restart) as sim:
+        return sim.run_until(0)
+
+
+def test_a_port_learned_healthy_and_gone_after_a_restart_is_missed_by_name(
+    tmp_path: Path,
+) -> None:
     # The node comes back with one HCA (the other lost, or its driver not loaded).
-    shutil.rmtree(tmp_path / "sysfs")
-    with simulated_daemon(NODE % 1 + "faults: []\n", tmp_path, start=restart) as sim:
-        snapshot = sim.run_until(0)
+    snapshot = restarted(tmp_path, NODE % 1 + "faults: []\n")
     assert worrying(snapshot) == [("ib:mlx5_1/1", "ib_port_missing", "critical")]
     missing = next(f for f in snapshot.findings if f.code == "ib_port_missing")
     assert "seen ACTIVE on this node before" in missing.message
@@ -49,25 +55,15 @@ def test_a_port_learned_healthy_and_gone_after_a_restart_is_missed_by_name(
 def test_a_learned_port_that_stays_down_after_a_restart_is_down_not_forgotten(
     tmp_path: Path,
 ) -> None:
-    with simulated_daemon(NODE % 2 + "faults: []\n", tmp_path) as sim:
-        sim.run_until(30)
-        restart = sim.clock.now() + 6 * 3600
-    shutil.rmtree(tmp_path / "sysfs")
     down = "faults: [{at: 0s, kind: ib_port_down, hca: mlx5_0, port: 1}]\n"
-    with simulated_daemon(NODE % 2 + down, tmp_path, start=restart) as sim:
-        snapshot = sim.run_until(0)
+    snapshot = restarted(tmp_path, NODE % 2 + down)
     assert worrying(snapshot) == [("ib:mlx5_0/1", "ib_port_down", "critical")]
 
 
 def test_without_learning_a_port_down_since_start_is_not_expected(tmp_path: Path) -> None:
     infiniband = InfinibandCheckConfig(expect_ports_seen_active=False)
     config = Config(checks=ChecksConfig(infiniband=infiniband))
-    with simulated_daemon(NODE % 2 + "faults: []\n", tmp_path, config) as sim:
-        sim.run_until(30)
-        restart = sim.clock.now() + 6 * 3600
-    shutil.rmtree(tmp_path / "sysfs")
-    with simulated_daemon(NODE % 1 + "faults: []\n", tmp_path, config, start=restart) as sim:
-        assert worrying(sim.run_until(0)) == []
+    assert worrying(restarted(tmp_path, NODE % 1 + "faults: []\n", config)) == []
 
 
 def test_a_host_with_no_infiniband_is_not_infiniband_up_and_says_so_once(
@@ -84,12 +80,7 @@ def test_a_host_with_no_infiniband_is_not_infiniband_up_and_says_so_once(
 
 
 def test_a_node_whose_infiniband_vanished_misses_every_learned_port(tmp_path: Path) -> None:
-    with simulated_daemon(NODE % 2 + "faults: []\n", tmp_path) as sim:
-        sim.run_until(30)
-        restart = sim.clock.now() + 6 * 3600
-    shutil.rmtree(tmp_path / "sysfs")
-    with simulated_daemon(NODE % 0, tmp_path, start=restart) as sim:
-        snapshot = sim.run_until(0)
+    snapshot = restarted(tmp_path, NODE % 0)
     assert snapshot.source_up["infiniband"] is False
     assert sorted(worrying(snapshot)) == [
         ("ib:mlx5_0/1", "ib_port_missing", "critical"),
