@@ -236,6 +236,18 @@ def test_counters_pinned_before_the_daemon_started_are_one_ok_finding_that_says_
     assert pinned.evidence["filled_while_watched"] == 0
 
 
+def test_a_counter_filling_while_watched_warns_until_the_history_forgets_when(
+    sysfs: Path,
+) -> None:
+    overrun = PINNED_AT_START[3].replace("at: 0s", "at: 60s")
+    node = Node(sysfs, overrun)
+    filled = found(node.until(120), "ib_counter_saturated", "ib:mlx5_1/1")
+    assert filled.severity is Severity.WARN and "while watched" in filled.message
+    # An hour on, the history's oldest sample is already pinned: an old story.
+    old = found(node.until(3700), "ib_counter_saturated", "ib:mlx5_1/1")
+    assert old.severity is Severity.OK and "since the port was first seen" in old.message
+
+
 def test_with_link_downed_pinned_flaps_are_still_seen_from_link_error_recovery(
     sysfs: Path,
 ) -> None:

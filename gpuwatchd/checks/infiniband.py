@@ -24,7 +24,7 @@ judges each port `ib:<device>/<port>`:
   after months of uptime (gpud PR #943): a counter already pinned when the port
   was first seen says nothing about now, so that is severity ok and the port
   stays healthy; one that filled up while watched was counting a live fault,
-  and warns until cleared.
+  and warns for as long as the history holds the moment it filled.
 
 Every increase comes from `gpuwatchd.counters`, so resets (driver reload) and
 saturation never give negative or absurd rates. Pure: no I/O, no clock.
