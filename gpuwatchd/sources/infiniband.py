@@ -320,8 +320,10 @@ class InfinibandSource:
         return frozenset(remembered[1])
 
     def _remember_refused(self, name: str, directory: str, paths: set[str]) -> None:
+        if not paths:
+            return
         identity = _identity(directory)
-        if not paths or identity is None:
+        if identity is None:
             return
         self._refused.setdefault(name, (identity, set()))[1].update(paths)
 
