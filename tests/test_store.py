@@ -340,3 +340,14 @@ def test_sigkill_at_any_moment_loses_no_committed_quarantine(state_dir: str) -> 
     with sqlite3.connect(os.path.join(state_dir, "state.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert len(committed) >= 20
+
+
+def test_expected_hardware_is_kept_per_kind_across_a_reopen(state_dir: str) -> None:
+    store = Store.open(state_dir)
+    store.expect("infiniband_port", ["ib:mlx5_0/1", "ib:mlx5_1/1"], now=10.0)
+    store.expect("infiniband_port", ["ib:mlx5_0/1"], now=20.0)  # already known: kept as is
+    store.close()
+    reopened = Store.open(state_dir)
+    assert reopened.expected("infiniband_port") == {"ib:mlx5_0/1", "ib:mlx5_1/1"}
+    assert reopened.expected("gpu") == frozenset()
+    reopened.close()
