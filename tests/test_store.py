@@ -345,7 +345,7 @@ def test_sigkill_at_any_moment_loses_no_committed_quarantine(state_dir: str) -> 
 def test_expected_hardware_is_kept_per_kind_across_a_reopen(state_dir: str) -> None:
     store = Store.open(state_dir)
     store.expect("infiniband_port", ["ib:mlx5_0/1", "ib:mlx5_1/1"], now=10.0)
-    store.expect("infiniband_port", ["ib:mlx5_0/1"], now=20.0)  # already known: kept as is
+    store.expect("infiniband_port", ["ib:mlx5_0/1"], now=20.0)  # already known: still one entry
     store.close()
     reopened = Store.open(state_dir)
     assert reopened.expected("infiniband_port") == {"ib:mlx5_0/1", "ib:mlx5_1/1"}
