@@ -125,6 +125,26 @@ def until_saturated(
     return points
 
 
+def since_cleared(
+    points: Sequence[tuple[float, int | float | None]], bits: int | None
+) -> Sequence[tuple[float, int | float | None]]:
+    """The points after the counter last came down from its saturation maximum
+    (someone cleared it, `perfquery -R`), or all of them if it never did.
+
+    Before that, a saturated counter counted nothing; after it, it counts from
+    zero again, and that stretch is what a rate can be judged over.
+    """
+    start = 0
+    previous: int | float | None = None
+    for position, (_, value) in enumerate(points):
+        if value is None:
+            continue
+        if is_saturated(previous, bits) and not is_saturated(value, bits):
+            start = position
+        previous = value
+    return points[start:]
+
+
 def gauge_integral(points: Sequence[tuple[float, int | float | None]]) -> float:
     """The area under a gauge over (time, value) points, oldest first.
 

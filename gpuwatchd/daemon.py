@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput, gpu_lost
+from gpuwatchd.checks.infiniband import learned_ports
 from gpuwatchd.checks.registry import CheckInputs, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
@@ -38,6 +39,9 @@ from gpuwatchd.sources import Source
 from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
 
 log = logging.getLogger(__name__)
+
+# The state database fact that holds the InfiniBand ports seen ACTIVE (Store.fact).
+EXPECTED_PORTS = "infiniband_ports_seen_active"
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -105,6 +109,10 @@ class Daemon:
             self.history.record(reading)
         self.state: PolicyState = self.store.load_state()
         self._known_gpus = self._load_known_gpus()
+        # Read at start only: a port forgotten in the database (removed on
+        # purpose) is forgotten by the daemon when it restarts.
+        self._expected_ports = self._load_expected_ports()
+        self._source_errors: dict[str, str] = {}
         self.actions = Actions(
             config.actions,
             self.store,
@@ -148,6 +156,18 @@ class Daemon:
             log.error("%s; the GPUs of the first healthy start are learned again", error)
             return ()
 
+    def _load_expected_ports(self) -> frozenset[str]:
+        try:
+            ports = self.store.fact(EXPECTED_PORTS)
+        except StoreError as error:
+            log.error("%s; the InfiniBand ports to expect are learned again", error)
+            return frozenset()
+        return (
+            frozenset(p for p in ports if isinstance(p, str))
+            if isinstance(ports, list)
+            else frozenset()
+        )
+
     def _learn_gpus(self, readings: tuple[Reading, ...], now: float) -> None:
         """Record the GPUs of a healthy poll: the expectation when none is
         configured, and the names of the missing GPUs either way."""
@@ -163,7 +183,7 @@ class Daemon:
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
         self._learn_gpus(readings, now)
-        inputs = CheckInputs(self.history, now, boots, self._known_gpus)
+        inputs = CheckInputs(self.history, now, boots, self._known_gpus, self._expected_ports)
         checked = run_all(inputs, self.config.checks)
         gathered = _gathered(readings, now, self._polls)
         canary = self._poll_canary(now, gathered.gpus)
@@ -308,13 +328,38 @@ class Daemon:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
         for reading in readings:
-            if reading.error is not None:
-                log.warning("source %s: %s", reading.source, reading.error)
+            self._log_source_error(reading)
             self.history.record(reading)
+        self._learn_ports(readings, now)
         self._polls += 1
         snapshot = self._decide(readings, now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
+
+    def _log_source_error(self, reading: Reading) -> None:
+        """A source's error when it starts or changes, and its recovery: a
+        lasting one (a node without InfiniBand) is in source_up, not every poll."""
+        previous = self._source_errors.get(reading.source)
+        if reading.error == previous:
+            return
+        if reading.error is not None:
+            log.warning("source %s: %s", reading.source, reading.error)
+            self._source_errors[reading.source] = reading.error
+        else:
+            log.info("source %s: working again", reading.source)
+            del self._source_errors[reading.source]
+
+    def _learn_ports(self, readings: Sequence[Reading], now: float) -> None:
+        """Remember the InfiniBand ports seen ACTIVE, so that one gone after a
+        restart or a reboot is missed (checks.infiniband.expect_ports_seen_active)."""
+        if not self.config.checks.infiniband.expect_ports_seen_active:
+            return
+        new = learned_ports(readings) - self._expected_ports
+        if new:
+            log.info("expecting InfiniBand port(s) from now on: %s", ", ".join(sorted(new)))
+            self._expected_ports |= new
+            ports = sorted(self._expected_ports)
+            self._write(lambda: self.store.record_fact(EXPECTED_PORTS, ports, now))
 
     def run(self, notifier: Notifier | None = None) -> None:
         """Poll until `stop()`; each poll starts one interval after the last one started.

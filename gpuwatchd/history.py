@@ -25,11 +25,15 @@ class History:
         self._ports: dict[tuple[str, int], deque[tuple[float, PortSample]]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
         self.now = 0.0
+        # When a reading last said which ports there are (none is an answer too).
+        self.last_port_poll: float | None = None
 
     def record(self, reading: Reading) -> None:
         self.now = max(self.now, reading.time)
         for gpu in reading.gpus or ():
             self._append(self._gpus.setdefault(gpu.index, self._ring()), reading.time, gpu)
+        if reading.ports is not None:
+            self.last_port_poll = max(self.last_port_poll or reading.time, reading.time)
         for port in reading.ports or ():
             ring = self._ports.setdefault((port.device, port.port), self._ring())
             self._append(ring, reading.time, port)

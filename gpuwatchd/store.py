@@ -10,6 +10,9 @@ webhook by the senders in `gpuwatchd.actions.webhook`. Every write is one
 transaction with `synchronous=FULL`: a process killed at any moment,
 SIGKILL included, loses no committed quarantine.
 
+It also keeps the hardware the node learned it must keep (`expect`), so that
+a part gone after a restart or reboot is missed by name.
+
 A database that cannot be opened, read or written raises `StoreError`, whose
 message names the file and what to do; the daemon can go on monitoring with
 `Store.in_memory()` (`persistent` is False) and export that it cannot persist.

@@ -60,12 +60,14 @@ def simulated_daemon(
     state_dir: Path,
     config: Config | None = None,
     canary: bool = False,
+    start: float | None = None,
 ) -> Iterator[SimulatedDaemon]:
-    """`canary` runs the canary agent too (bursts inline, host cores left out)."""
+    """`canary` runs the canary agent too (bursts inline, host cores left out);
+    `start` is the injected clock's time at the start (a restart later on)."""
     config = config or Config()
     config = replace(config, canary=replace(config.canary, enabled=canary, host_cores=False))
     config = replace(config, daemon=replace(config.daemon, state_dir=str(state_dir / "state")))
-    clock = FakeClock()
+    clock = FakeClock() if start is None else FakeClock(start)
     scenario = scenarios.parse(scenario_text, "test-scenario")
     config, node = simulate(config, clock, scenario, state_dir / "sysfs")
     agent = build_canary(config, clock, scenario, run_in_process, InlineExecutor())

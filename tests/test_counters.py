@@ -12,6 +12,7 @@ from gpuwatchd.counters import (
     increase_over,
     is_saturated,
     saturation_max,
+    since_cleared,
     until_saturated,
     window,
 )
@@ -125,3 +126,11 @@ def test_a_rate_up_to_saturation_is_not_diluted_by_the_time_after_it() -> None:
     # where the whole window would have said 8.2/s.
     points = [(0.0, 10), (10.0, 200), (20.0, 255), (30.0, 255)]
     assert increase(until_saturated(points, bits=8), bits=8).rate == 245 / 20
+
+
+def test_since_cleared_starts_where_the_counter_last_came_down_from_its_maximum() -> None:
+    points = [(0.0, 255), (10.0, 255), (20.0, 3), (30.0, None), (40.0, 9)]
+    assert since_cleared(points, bits=8) == points[2:]
+    # A drop from below the maximum is a reset, not a clear of a stuck counter.
+    assert since_cleared([(0.0, 200), (10.0, 3)], bits=8) == [(0.0, 200), (10.0, 3)]
+    assert since_cleared(points, bits=None) == points

@@ -206,6 +206,99 @@ def test_a_flapping_link_saturates_link_downed_and_that_is_reported(sysfs: Path)
     assert all_measured([output], "counter_saturated") == [1.0, 1.0]
 
 
+# What a real ConnectX-7 port showed after months of uptime (gpud PR #943).
+PINNED_AT_START = tuple(
+    f"{{at: 0s, kind: ib_counter_pinned, hca: mlx5_1, port: 1, counter: {counter}}}"
+    for counter in (
+        "link_downed",
+        "port_xmit_discards",
+        "port_xmit_wait",
+        "excessive_buffer_overrun_errors",
+    )
+)
+
+
+def test_counters_pinned_before_the_daemon_started_are_one_ok_finding_that_says_how_to_clear(
+    sysfs: Path,
+) -> None:
+    node = Node(sysfs, *PINNED_AT_START)
+    node.until(3600)
+    for output in node.outputs:
+        assert [(f.subject, f.code, f.severity) for f in output.findings] == [
+            ("ib:mlx5_1/1", "ib_counter_saturated", Severity.OK)
+        ]
+    pinned = found(node.outputs[-1], "ib_counter_saturated", "ib:mlx5_1/1")
+    assert "perfquery -C mlx5_1 -P 1 -R" in pinned.message
+    assert pinned.evidence["counters"] == (
+        "excessive_buffer_overrun_errors, link_downed, port_xmit_discards, port_xmit_wait"
+    )
+    assert (pinned.evidence["link_downed"], pinned.evidence["port_xmit_wait"]) == (255, 2**32 - 1)
+    assert pinned.evidence["filled_while_watched"] == 0
+
+
+def test_a_counter_filling_while_watched_warns_until_the_history_forgets_when(
+    sysfs: Path,
+) -> None:
+    overrun = PINNED_AT_START[3].replace("at: 0s", "at: 60s")
+    node = Node(sysfs, overrun)
+    filled = found(node.until(120), "ib_counter_saturated", "ib:mlx5_1/1")
+    assert filled.severity is Severity.WARN and "while watched" in filled.message
+    # An hour on, the history's oldest sample is already pinned: an old story.
+    old = found(node.until(3700), "ib_counter_saturated", "ib:mlx5_1/1")
+    assert old.severity is Severity.OK and "since the port was first seen" in old.message
+
+
+def test_with_link_downed_pinned_flaps_are_still_seen_from_link_error_recovery(
+    sysfs: Path,
+) -> None:
+    flap = "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/min}"
+    node = Node(sysfs, PINNED_AT_START[0], flap)
+    flapping = found(node.until(300), "ib_link_flapping", "ib:mlx5_1/1")
+    assert flapping.severity is Severity.CRITICAL
+    assert flapping.evidence["link_downed"] == 0
+    assert flapping.evidence["link_error_recovery"] >= 3
+
+
+def test_with_both_flap_counters_pinned_a_port_seen_going_down_is_a_flap(sysfs: Path) -> None:
+    recovery = PINNED_AT_START[0].replace("link_downed", "link_error_recovery")
+    down = "{at: 100s, kind: ib_port_down, hca: mlx5_1, port: 1, for: 30s}"
+    node = Node(sysfs, PINNED_AT_START[0], recovery, down)
+    flapping = found(node.until(200), "ib_link_flapping", "ib:mlx5_1/1")
+    assert flapping.severity is Severity.WARN
+    assert flapping.evidence["state_drops"] == 1
+    assert "at least 1 flap" in flapping.message
+
+
+def test_a_link_down_counted_and_seen_is_one_flap_not_two(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 100s, kind: ib_port_down, hca: mlx5_1, port: 1, for: 30s}")
+    flapping = found(node.until(200), "ib_link_flapping", "ib:mlx5_1/1")
+    assert (flapping.evidence["link_downed"], flapping.evidence["state_drops"]) == (1, 1)
+    assert flapping.severity is Severity.WARN and "1 flap event(s)" in flapping.message
+
+
+def test_a_pinned_symbol_error_counter_judges_nothing_and_counts_again_once_cleared(
+    sysfs: Path,
+) -> None:
+    pinned = (
+        "{at: 0s, kind: ib_counter_pinned, hca: mlx5_1, port: 1, counter: symbol_error, for: 5m}"
+    )
+    errors = "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}"
+    node = Node(sysfs, pinned, errors)
+    blind = node.until(290)
+    # Blind on symbols, while the damaged packets still count where they land.
+    assert codes(blind) == {
+        ("ib:mlx5_1/1", "ib_counter_saturated"),
+        ("ib:mlx5_1/1", "ib_receive_errors"),
+    }
+    assert measured(blind, "symbol_error_ratio", "mlx5_1") is None
+    # Cleared at 300 s: the counter restarts low and the errors are judged again.
+    seen = node.until(400)
+    symbols = found(seen, "ib_symbol_errors", "ib:mlx5_1/1")
+    assert symbols.severity is Severity.CRITICAL and symbols.evidence["resets"] == 0
+    assert measured(seen, "symbol_error_ratio", "mlx5_1") == pytest.approx(50 / 400e9)
+    assert ("ib:mlx5_1/1", "ib_counter_saturated") not in codes(seen)
+
+
 def test_symbol_errors_at_50_per_second_on_400g_are_critical(sysfs: Path) -> None:
     node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
     output = node.until(600)
@@ -237,12 +330,29 @@ def test_bit_errors_are_not_judged_on_less_than_a_minute_of_data(sysfs: Path) ->
     assert found(node.until(60), "ib_symbol_errors", "ib:mlx5_1/1")
 
 
-def test_receive_errors_from_a_bad_cable_are_judged_per_bit(sysfs: Path) -> None:
-    # About half the uncorrected symbol errors land in packets (see the simulator).
+def test_receive_errors_are_judged_as_errored_packets_per_packet_received(sysfs: Path) -> None:
+    # About half the uncorrected symbol errors land in packets (see the simulator):
+    # 25 bad packets/s among some 5 million/s is 100x the IBTA-limit equivalent.
     node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}")
     output = node.until(600)
-    assert found(output, "ib_receive_errors", "ib:mlx5_1/1").severity is Severity.WARN
-    assert measured(output, "receive_error_ratio", "mlx5_1") == pytest.approx(25 / 400e9)
+    errors = found(output, "ib_receive_errors", "ib:mlx5_1/1")
+    assert errors.severity is Severity.CRITICAL and "packets" in errors.message
+    samples = node.history.port("mlx5_1", 1)
+    packets = (
+        samples[-1][1].counters["port_rcv_packets"] - samples[0][1].counters["port_rcv_packets"]
+    )
+    assert errors.evidence["errors"] == 25 * 600
+    assert measured(output, "receive_packet_error_ratio", "mlx5_1") == pytest.approx(
+        25 * 600 / packets
+    )
+    assert measured(output, "receive_packet_error_ratio", "mlx5_0") == 0.0
+
+
+def test_a_few_receive_errors_among_many_packets_raise_nothing(sysfs: Path) -> None:
+    node = Node(sysfs, "{at: 0s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 1/min}")
+    output = node.until(600)
+    assert ("ib:mlx5_1/1", "ib_receive_errors") not in codes(output)
+    assert 0 < (measured(output, "receive_packet_error_ratio", "mlx5_1") or 0) < 3.3e-8
 
 
 def test_a_saturated_symbol_error_counter_gives_a_lower_bound_then_only_the_saturation(
@@ -322,7 +432,7 @@ def test_at_the_default_8_byte_tick_heavy_congestion_fills_the_counter_within_a_
         {"expected_ports": ("mlx5_0",)},
         {"flap_warn_count": 3, "flap_critical_count": 2},
         {"symbol_ber_warn": 1e-9, "symbol_ber_critical": 1e-12},
-        {"receive_ber_warn": 0.0},
+        {"receive_packet_error_ratio_warn": 0.0},
         {"ber_window": 0.0},
         {"xmit_wait_warn_ratio": 1.5},
         {"min_rate_gbps": -1.0},
@@ -336,7 +446,7 @@ def test_the_config_rejects_values_that_cannot_work(settings: dict[str, object])
 # The block for config/gpuwatchd.yaml under `checks: infiniband:`.
 DOCUMENTED_YAML = """
 expected_ports: []              # device/port patterns that must be up, e.g. [mlx5_*/1]
-expect_ports_seen_active: true  # also expect every port seen ACTIVE in history to stay up
+expect_ports_seen_active: true  # also expect every port seen ACTIVE (remembered) to stay up
 min_rate_gbps: 0                # lowest acceptable rate of an expected port, Gb/s (0: highest seen)
 flap_window: 1h                 # window for link_downed + link_error_recovery increments
 flap_warn_count: 1              # flap events in the window that warn
@@ -345,8 +455,8 @@ ber_window: 10m                 # window for bit error rates (ibdiagnet measures
 ber_min_span: 1m                # no BER verdict on less history than this
 symbol_ber_warn: 1.0e-12        # symbol errors per bit that warn (IBTA limit, ibdiagnet default)
 symbol_ber_critical: 1.0e-10    # symbol errors per bit that are critical (100x the limit)
-receive_ber_warn: 1.0e-12       # receive-side errors per bit that warn
-receive_ber_critical: 1.0e-10   # receive-side errors per bit that are critical
+receive_packet_error_ratio_warn: 3.3e-8      # errored packets per packet received that warn
+receive_packet_error_ratio_critical: 3.3e-6  # ... that are critical (100x)
 congestion_window: 5m           # window for port_xmit_wait and port_xmit_discards
 xmit_wait_bytes_per_tick: 8     # port time one port_xmit_wait tick stands for (perfquery Tick+1)
 xmit_wait_warn_ratio: 0.1       # share of time waiting for credits that warns

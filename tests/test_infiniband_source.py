@@ -8,6 +8,7 @@ import logging
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.export.infiniband import families
 from gpuwatchd.model import PortSample, Reading
-from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.infiniband import SimulatedFabric, einval_target
 from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import InfinibandSourceConfig, infiniband
@@ -338,10 +339,22 @@ def test_excluded_devices_are_not_read(tmp_path: Path) -> None:
     assert [device.device for device in reading.infiniband_devices or ()] == ["mlx5_0"]
 
 
-def test_a_node_without_class_infiniband_reads_as_no_devices(tmp_path: Path) -> None:
+def test_a_node_without_class_infiniband_is_read_as_no_ports_but_not_up(tmp_path: Path) -> None:
     reading = read(tmp_path)
-    assert reading.error is None
     assert reading.infiniband_devices == () and reading.ports == ()
+    assert reading.error is not None and "no RDMA driver loaded" in reading.error
+
+
+@pytest.mark.parametrize("excluded", [(), ("mlx5_0",)])
+def test_a_class_directory_with_no_device_to_read_is_not_up(
+    tmp_path: Path, excluded: tuple[str, ...]
+) -> None:
+    (tmp_path / "class" / "infiniband").mkdir(parents=True)
+    if excluded:
+        make_port(tmp_path)
+    reading = read(tmp_path, *excluded)
+    assert reading.ports == ()
+    assert reading.error is not None and "no InfiniBand device" in reading.error
 
 
 def test_an_unlistable_class_directory_fails_the_poll_not_the_daemon(tmp_path: Path) -> None:
@@ -376,7 +389,9 @@ def test_every_link_speed_parses_to_bytes_per_second(text: str, bytes_per_second
     assert parse_rate(text + "\n") == bytes_per_second
 
 
-@pytest.mark.parametrize("text", ["", "fast", "Gb/sec", "400 Mb/sec", "-1 Gb/sec"])
+@pytest.mark.parametrize(
+    "text", ["", "fast", "Gb/sec", "400 Mb/sec", "-1 Gb/sec", "9" * 400 + " Gb/sec (4X NDR)"]
+)
 def test_a_rate_that_is_not_a_rate_is_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_rate(text)
@@ -390,7 +405,9 @@ def test_states_parse_into_number_and_name() -> None:
         parse_state("ACTIVE")
 
 
-@pytest.mark.parametrize("text", ["N/A (no PMA)", "", "-1", "12a", "0x10", "\u0663"])
+@pytest.mark.parametrize(
+    "text", ["N/A (no PMA)", "", "-1", "12a", "0x10", "\u0663", str(2**64), "9" * 400]
+)
 def test_a_counter_that_is_not_a_decimal_count_is_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_counter(text)
@@ -398,3 +415,107 @@ def test_a_counter_that_is_not_a_decimal_count_is_rejected(text: str) -> None:
 
 def test_a_counter_parses_with_its_newline() -> None:
     assert parse_counter("18446744073709551615\n") == 2**64 - 1
+
+
+class OpenCounter:
+    """Counts the opens of one path through Python's audit hook: an observer at
+    the file-open boundary that leaves the reader itself untouched."""
+
+    watched: str | None = None
+    opens = 0
+
+    @classmethod
+    def hook(cls, event: str, args: tuple[object, ...]) -> None:
+        if event == "open" and cls.watched is not None and args and args[0] == cls.watched:
+            cls.opens += 1
+
+    @classmethod
+    def watch(cls, path: Path) -> None:
+        cls.watched, cls.opens = str(path), 0
+
+
+sys.addaudithook(OpenCounter.hook)
+
+
+def refusing_fabric(root: Path) -> SimulatedFabric:
+    fault = "{at: 0s, kind: ib_counter_einval, hca: mlx5_0, port: 1, counter: port_xmit_wait}"
+    return SimulatedFabric(parse(f"node: {{hcas: 2}}\nfaults:\n  - {fault}"), root, 0.0)
+
+
+def test_a_counter_failing_with_einval_is_read_once_and_skipped_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fabric = refusing_fabric(tmp_path)
+    refusing = tmp_path / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait"
+    OpenCounter.watch(refusing)
+    source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
+    with caplog.at_level(logging.INFO):
+        for t in range(0, 60, 10):
+            fabric.advance(float(t))
+            ports = {port.device: port for port in source.poll(float(t)).ports or ()}
+            assert "port_xmit_wait" not in ports["mlx5_0"].counters
+            assert ports["mlx5_0"].counters["port_rcv_data"] > 0
+            assert ports["mlx5_1"].counters["port_xmit_wait"] > 0
+    assert OpenCounter.opens == 1
+    records = logged(caplog, "port_xmit_wait: Invalid argument")
+    assert len(records) == 1 and "not read again" in records[0].getMessage()
+
+
+def test_a_device_recreated_by_a_driver_reload_has_its_refused_files_tried_again(
+    tmp_path: Path,
+) -> None:
+    refusing = make_port(tmp_path) / "counters" / "port_xmit_wait"
+    refusing.symlink_to(einval_target())
+    OpenCounter.watch(refusing)
+    source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
+    source.poll(1.0)
+    source.poll(2.0)
+    assert OpenCounter.opens == 1
+    # The reload: the device's directory goes and a new one comes, now readable.
+    # (Moved aside rather than deleted while the new one is made, so that the
+    # file system cannot hand the new directory the old inode: sysfs never
+    # reuses one soon, kernfs numbers its nodes cyclically.)
+    (tmp_path / "class" / "infiniband" / "mlx5_0").rename(tmp_path / "unloaded")
+    make_port(tmp_path)
+    refusing.write_text("42\n")
+    OpenCounter.watch(refusing)
+    assert only_port(source.poll(3.0)).counters["port_xmit_wait"] == 42
+    assert OpenCounter.opens == 1
+
+
+def test_a_400_digit_counter_is_absent_logged_once_and_metrics_still_render(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port_dir = make_port(tmp_path)
+    (port_dir / "counters" / "port_rcv_data").write_text("9" * 400 + "\n")
+    (port_dir / "counters" / "symbol_error").write_text(f"{2**64}\n")
+    source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
+    with caplog.at_level(logging.INFO):
+        readings = [source.poll(float(t)) for t in range(3)]
+    port = only_port(readings[-1])
+    assert port.counters == {"link_downed": 1}
+    assert len(logged(caplog, "not a u64")) == 2
+    assert all(len(record.getMessage()) < 300 for record in logged(caplog, "not a u64"))
+    assert "gpuwatchd_infiniband_link_downed_total" in render(readings[-1])
+
+
+def test_a_ports_entry_that_is_no_ascii_number_is_skipped_and_the_rest_read(
+    tmp_path: Path,
+) -> None:
+    make_port(tmp_path)
+    (tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "\u00b2").mkdir()
+    reading = read(tmp_path)
+    assert reading.error is None
+    assert [(port.device, port.port) for port in reading.ports or ()] == [("mlx5_0", 1)]
+
+
+def test_a_device_whose_name_no_subject_can_carry_is_skipped_with_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_port(tmp_path, device="mlx5_0")
+    make_port(tmp_path, device="mlx5 x")
+    source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
+    with caplog.at_level(logging.INFO):
+        readings = [source.poll(float(t)) for t in range(3)]
+    assert all([p.device for p in r.ports or ()] == ["mlx5_0"] for r in readings)
+    assert len(logged(caplog, "'mlx5 x' is not read")) == 1

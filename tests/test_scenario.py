@@ -68,6 +68,15 @@ def test_every_builtin_scenario_parses() -> None:
             r"fault 1 \(sdc\): unknown mode 'melt'",
         ),
         ("faults: {at: 1s}", "faults must be a list"),
+        (
+            "faults: [{at: 0s, kind: ib_counter_pinned, hca: mlx5_0, port: 1, "
+            "counter: port_rcv_data}]",
+            r"counter 'port_rcv_data' has no IBTA maximum",
+        ),
+        (
+            "faults: [{at: 0s, kind: ib_counter_einval, hca: mlx5_0, port: 1, counter: ../state}]",
+            r"counter '../state' is not a counter file name",
+        ),
     ],
 )
 def test_bad_scenarios_are_rejected_naming_the_fault(text: str, message: str) -> None:
@@ -93,6 +102,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "action": "gpu_reset",
         "mhz": 1410,
     }
+    values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():
         at = "0s" if kind in FROM_BOOT else "1s"
         fault = {"at": at, "kind": kind, **{name: values[name] for name in required}}

@@ -227,6 +227,17 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         60,
     ),
+    # Filled within one poll while watched: a live fault. (Pinned before the
+    # daemon started, it is severity ok and the port stays healthy: see
+    # tests/test_infiniband_daemon.py.)
+    "ib_counter_pinned": Expected(
+        "{kind: ib_counter_pinned, hca: mlx5_1, port: 1, counter: excessive_buffer_overrun_errors}",
+        "ib:mlx5_1/1",
+        "ib_counter_saturated",
+        Severity.WARN,
+        Health.DEGRADED,
+        40,
+    ),
 }
 
 

@@ -3,12 +3,15 @@ counter widths, resets, determinism and atomic replacement of files."""
 
 from __future__ import annotations
 
+import errno
 import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from gpuwatchd.sim.infiniband import COUNTER_FILES, HW_COUNTER_FILES, SimulatedFabric
-from gpuwatchd.sim.scenario import parse
+from gpuwatchd.sim.scenario import ScenarioError, parse
 
 START = 1_767_225_600.0
 LINE_RATE_BYTES = 50e9
@@ -124,6 +127,51 @@ def test_error_counters_saturate_at_their_ibta_widths(tmp_path: Path) -> None:
     assert counter(tmp_path, "port_xmit_wait") == 2**32 - 1
     assert counter(tmp_path, "port_xmit_discards") == 60_000  # 16 bits are not reached yet
     assert counter(tmp_path, "port_xmit_data") > 2**32  # data counters are 64-bit
+
+
+def test_a_pinned_counter_reads_its_maximum_until_cleared_then_counts_from_zero(
+    tmp_path: Path,
+) -> None:
+    sim = fabric(
+        tmp_path,
+        "{at: 0s, kind: ib_counter_pinned, hca: mlx5_0, port: 1, counter: link_downed, for: 5m}",
+        "{at: 0s, kind: ib_counter_pinned, hca: mlx5_0, port: 1, counter: port_xmit_wait}",
+        "{at: 200s, kind: ib_link_flap, hca: mlx5_0, port: 1, rate: 1/min}",
+    )
+    assert counter(tmp_path, "link_downed") == 255
+    assert counter(tmp_path, "port_xmit_wait") == 2**32 - 1
+    assert counter(tmp_path, "link_downed", hca="mlx5_1") == 0
+    sim.advance(START + 290)
+    assert counter(tmp_path, "link_downed") == 255
+    # Cleared at 300 s: the flaps since then (one a minute from 200 s: the one
+    # at 320 s) count from 0.
+    sim.advance(START + 370)
+    assert counter(tmp_path, "link_downed") == 1
+    assert counter(tmp_path, "port_xmit_wait") == 2**32 - 1
+
+
+def test_an_einval_counter_is_a_link_to_a_file_whose_read_fails_with_einval(
+    tmp_path: Path,
+) -> None:
+    sim = fabric(
+        tmp_path,
+        "{at: 60s, kind: ib_counter_einval, hca: mlx5_0, port: 1, counter: out_of_buffer, for: 1m}",
+    )
+    refusing = port(tmp_path) / "hw_counters" / "out_of_buffer"
+    assert counter(tmp_path, "out_of_buffer", folder="hw_counters") == 0
+    sim.advance(START + 60)
+    assert refusing.is_symlink()
+    with pytest.raises(OSError) as refused:
+        refusing.read_text()
+    assert refused.value.errno == errno.EINVAL
+    sim.advance(START + 120)
+    assert not refusing.is_symlink() and refusing.read_text() == "0\n"
+
+
+def test_an_einval_fault_on_a_file_the_port_does_not_have_is_rejected(tmp_path: Path) -> None:
+    fault = "{at: 0s, kind: ib_counter_einval, hca: mlx5_0, port: 1, counter: rx_icrc_encapsulated}"
+    with pytest.raises(ScenarioError, match="'rx_icrc_encapsulated' is not a simulated counter"):
+        fabric(tmp_path, fault)
 
 
 def test_a_counter_reset_restarts_every_counter_of_that_hca_only(tmp_path: Path) -> None:

@@ -347,3 +347,14 @@ def test_sigkill_at_any_moment_loses_no_committed_quarantine(state_dir: str) -> 
     with sqlite3.connect(os.path.join(state_dir, "state.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert len(committed) >= 20
+
+
+def test_facts_learned_about_the_node_are_kept_per_key_across_a_reopen(state_dir: str) -> None:
+    store = Store.open(state_dir)
+    store.record_fact("infiniband_ports_seen_active", ["ib:mlx5_0/1"], now=10.0)
+    store.record_fact("infiniband_ports_seen_active", ["ib:mlx5_0/1", "ib:mlx5_1/1"], now=20.0)
+    store.close()
+    reopened = Store.open(state_dir)
+    assert reopened.fact("infiniband_ports_seen_active") == ["ib:mlx5_0/1", "ib:mlx5_1/1"]
+    assert reopened.fact("gpus_at_healthy_start") is None
+    reopened.close()

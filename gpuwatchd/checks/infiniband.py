@@ -4,14 +4,27 @@ Reads the port samples in History (from `gpuwatchd.sources.infiniband`) and
 judges each port `ib:<device>/<port>`:
 
 - `ib_port_down` (critical): an expected port is not ACTIVE / LinkUp;
-  `ib_port_missing` (critical): an expected port is gone from sysfs;
+  `ib_port_missing` (critical): an expected port is gone from sysfs. Expected
+  are the ports `expected_ports` lists and, by default, every port the node
+  was seen with ACTIVE: remembered in the state database by the daemon
+  (`learned_ports`), so that after a restart or a reboot a port that is gone
+  or never came up is missed by name with no list to type on a uniform fleet;
   `ib_port_rate_degraded` (warn): an expected port trained below its rate.
-- `ib_link_flapping`: link_downed + link_error_recovery increments in a window.
-- `ib_symbol_errors`, `ib_receive_errors`: errors per bit received (an
-  estimated bit error rate) over a window.
+- `ib_link_flapping`: link-down events (link_downed, or the port seen
+  leaving ACTIVE/LinkUp, whichever says more) + link_error_recovery increments
+  in a window.
+- `ib_symbol_errors`: symbol errors per bit the link carried at its line rate,
+  bits over bits: an estimate of the post-FEC bit error rate, as ibdiagnet
+  computes it. `ib_receive_errors`: received packets with errors per packet
+  received (a packet error ratio, not a BER).
 - `ib_congestion` (port_xmit_wait as a share of time), `ib_xmit_discards`.
-- `ib_counter_saturated`: an IBTA counter stuck at its maximum, so that its
-  increases are unknown until someone clears it.
+- `ib_counter_saturated`: IBTA counters stuck at their maximum, one finding per
+  port that names them and how to clear them. Real ConnectX-7 ports show
+  `link_downed` 255, `port_xmit_discards` 65535 and `port_xmit_wait` 2^32-1
+  after months of uptime (gpud PR #943): a counter already pinned when the port
+  was first seen says nothing about now, so that is severity ok and the port
+  stays healthy; one that filled up while watched was counting a live fault,
+  and warns for as long as the history holds the moment it filled.
 
 Every increase comes from `gpuwatchd.counters`, so resets (driver reload) and
 saturation never give negative or absurd rates. Pure: no I/O, no clock.
@@ -20,22 +33,23 @@ saturation never give negative or absurd rates. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from itertools import pairwise
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.counters import (
     Increase,
     gauge_integral,
     increase,
-    increase_over,
     is_saturated,
+    since_cleared,
     until_saturated,
     window,
 )
 from gpuwatchd.history import History, series
-from gpuwatchd.model import Action, Finding, Measurement, PortSample, Severity
+from gpuwatchd.model import Action, Finding, Measurement, PortSample, Reading, Severity
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.units import format_duration
@@ -48,14 +62,11 @@ BITS_PER_BYTE = 8
 
 FLAP_COUNTERS = ("link_downed", "link_error_recovery")
 SYMBOL_COUNTERS = ("symbol_error",)
-# Receive-side errors that mean bits were damaged on the way in or the lossless
-# contract broke (IBTA PortCounters; node_exporter's help texts describe each).
-RECEIVE_COUNTERS = (
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-)
+# Received packets that arrived damaged (IBTA PortRcvErrors) or marked bad by
+# the sender's side of the link (PortRcvRemotePhysicalErrors, EBP); counted
+# against port_rcv_packets, which includes them.
+RECEIVE_ERROR_COUNTERS = ("port_rcv_errors", "port_rcv_remote_physical_errors")
+RECEIVED_PACKETS = "port_rcv_packets"
 # A saturated port_xmit_wait only blinds the congestion estimate, and on busy
 # ports its 32 bits fill within hours: reported, but at severity ok.
 TELEMETRY_COUNTERS = frozenset({"port_xmit_wait"})
@@ -72,11 +83,12 @@ class InfinibandCheckConfig:
     # Ports that must be up, as `device/port` patterns (`mlx5_*/1`). A listed
     # port that is down, or that sysfs does not show, is critical.
     expected_ports: tuple[str, ...] = ()
-    # Also expect every port seen ACTIVE in history to stay up. Unused ports
-    # (never cabled) then raise nothing, while any port that carried traffic
-    # and went down does; after a reboot a port that never came up is caught
-    # only through expected_ports, and a port down for longer than the
-    # daemon's history is forgotten, so production nodes should list theirs.
+    # Also expect every port seen ACTIVE to stay up. Unused ports (never
+    # cabled) then raise nothing, while any port that carried traffic and went
+    # down does. The daemon remembers these ports in the state database, so
+    # after a restart or a reboot a port that is gone or never came up is
+    # still expected: the first healthy start teaches a uniform fleet its
+    # ports with nothing to type (gpud asks for a port count per node group).
     expect_ports_seen_active: bool = True
     # The lowest acceptable rate of an expected ACTIVE port, in Gb/s as sysfs
     # `rate` shows it (400 for NDR). 0 keeps only the rule that a port must
@@ -103,8 +115,13 @@ class InfinibandCheckConfig:
     # at 400G, past the 10 symbol errors/s NVIDIA's NVSentinel calls degraded.
     symbol_ber_warn: float = 1e-12
     symbol_ber_critical: float = 1e-10
-    receive_ber_warn: float = 1e-12
-    receive_ber_critical: float = 1e-10
+    # Received packets with errors per packet received. A link at the IBTA BER
+    # limit (1e-12) damages about one 4 KiB-MTU packet (33,232 bits with
+    # headers) in 30 million: 3.3e-8 warns, and a hundred times that, as for
+    # symbols, is critical. No verdict before 1/warn packets were received,
+    # since below that a single error is already past the threshold.
+    receive_packet_error_ratio_warn: float = 3.3e-8
+    receive_packet_error_ratio_critical: float = 3.3e-6
     # Congestion and discards are judged over this window.
     congestion_window: Seconds = 300.0
     # port_xmit_wait counts ticks, and a tick's length is the hardware's
@@ -130,8 +147,11 @@ class InfinibandCheckConfig:
             raise ValueError("flap counts must be 1 <= flap_warn_count <= flap_critical_count")
         if not 0 < self.symbol_ber_warn <= self.symbol_ber_critical:
             raise ValueError("symbol_ber_warn must be above 0 and at most symbol_ber_critical")
-        if not 0 < self.receive_ber_warn <= self.receive_ber_critical:
-            raise ValueError("receive_ber_warn must be above 0 and at most receive_ber_critical")
+        if not 0 < self.receive_packet_error_ratio_warn <= self.receive_packet_error_ratio_critical:
+            raise ValueError(
+                "receive_packet_error_ratio_warn must be above 0 and at most "
+                "receive_packet_error_ratio_critical"
+            )
         if min(self.flap_window, self.ber_window, self.congestion_window) <= 0:
             raise ValueError("windows must be longer than 0s")
         if self.xmit_wait_bytes_per_tick <= 0 or not 0 < self.xmit_wait_warn_ratio <= 1:
@@ -191,21 +211,27 @@ def _capacity(sample: PortSample) -> float | None:
     return sample.rate_bytes_per_second
 
 
-@dataclass(frozen=True)
-class _Counted:
-    """A counter's increase over a window, cut where it saturated (so that time
-    in which it had stopped counting does not dilute its rate), and the bytes
-    the link could carry at its line rate over that same span."""
+def _judged(recent: Samples, names: Sequence[str]) -> Samples:
+    """The stretch of samples over which all of `names` counted: after the last
+    time any was cleared from its maximum, up to where any saturated again.
+    Time in which a counter had stopped counting would dilute its rate; over
+    this stretch a rate is a lower bound of the true one instead."""
+    start = max(
+        len(recent) - len(since_cleared(_counter(recent, name), COUNTER_BITS.get(name)))
+        for name in names
+    )
+    tail = recent[start:]
+    end = min(len(until_saturated(_counter(tail, name), COUNTER_BITS.get(name))) for name in names)
+    return tail[:end]
 
-    increase: Increase
-    capacity_bytes: float
+
+def _increase(samples: Samples, name: str) -> Increase:
+    return increase(_counter(samples, name), bits=COUNTER_BITS.get(name))
 
 
-def _counted(recent: Samples, name: str) -> _Counted:
-    bits = COUNTER_BITS.get(name)
-    judged = until_saturated(_counter(recent, name), bits)
-    capacity = gauge_integral(series(recent[: len(judged)], _capacity))
-    return _Counted(increase(judged, bits=bits), capacity)
+def _capacity_bits(samples: Samples) -> float:
+    """The bits the link could carry at its line rate over the samples' span."""
+    return gauge_integral(series(samples, _capacity)) * BITS_PER_BYTE
 
 
 def _link_state(
@@ -257,14 +283,32 @@ def _link_state(
         )
 
 
+def _is_up(sample: PortSample) -> bool | None:
+    if sample.state_id is None or sample.physical_state_id is None:
+        return None
+    return sample.state_id == ACTIVE and sample.physical_state_id == LINK_UP
+
+
+def _drops(samples: Samples) -> int:
+    """How often the port was seen to leave ACTIVE/LinkUp: what still tells a
+    link went down when link_downed is pinned (a poll misses a drop shorter
+    than its interval, which link_error_recovery may still count)."""
+    states = [up for up in (_is_up(sample) for _, sample in samples) if up is not None]
+    return sum(1 for before, after in pairwise(states) if before and not after)
+
+
 def _flaps(
     port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
+    recent = window(samples, now, config.flap_window)
     downed, recovered = (
-        increase_over(_counter(samples, name), now, config.flap_window, bits=COUNTER_BITS[name])
-        for name in FLAP_COUNTERS
+        increase(_counter(recent, name), bits=COUNTER_BITS[name]) for name in FLAP_COUNTERS
     )
-    flaps = int(downed.increase + recovered.increase)
+    drops = _drops(recent)
+    # Each drop seen also counts on link_downed where that counter still moves:
+    # the larger of the two, never their sum.
+    downs = max(int(downed.increase), drops)
+    flaps = downs + int(recovered.increase)
     if flaps < config.flap_warn_count:
         return
     saturated = downed.saturated or recovered.saturated
@@ -274,10 +318,11 @@ def _flaps(
         Severity.CRITICAL if flaps >= config.flap_critical_count else Severity.WARN,
         f"{'at least ' if saturated else ''}{flaps} flap event(s) in "
         f"{format_duration(config.flap_window)} (link_downed +{int(downed.increase)}, "
-        f"link_error_recovery +{int(recovered.increase)})",
+        f"seen down {drops}x, link_error_recovery +{int(recovered.increase)})",
         Action.INSPECT_HARDWARE,
         {
             "link_downed": int(downed.increase),
+            "state_drops": drops,
             "link_error_recovery": int(recovered.increase),
             "window_seconds": config.flap_window,
             "resets": downed.resets + recovered.resets,
@@ -286,52 +331,86 @@ def _flaps(
     )
 
 
+@dataclass(frozen=True)
+class _Ratio:
+    """One error ratio of a port over the BER window."""
+
+    code: str
+    measurement: str
+    what: str
+    errors: Increase
+    ratio: float
+    warn: float
+    critical: float
+
+
+def _symbol_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | None:
+    judged = _judged(recent, SYMBOL_COUNTERS)
+    errors = _increase(judged, "symbol_error")
+    bits = _capacity_bits(judged)
+    if errors.seconds <= 0 or bits <= 0:
+        return None
+    return _Ratio(
+        "ib_symbol_errors",
+        "symbol_error_ratio",
+        "symbol errors at an estimated BER",
+        errors,
+        errors.increase / bits,
+        config.symbol_ber_warn,
+        config.symbol_ber_critical,
+    )
+
+
+def _receive_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | None:
+    judged = _judged(recent, (*RECEIVE_ERROR_COUNTERS, RECEIVED_PACKETS))
+    parts = [_increase(judged, name) for name in RECEIVE_ERROR_COUNTERS]
+    packets = _increase(judged, RECEIVED_PACKETS)
+    if packets.seconds <= 0 or packets.increase < 1 / config.receive_packet_error_ratio_warn:
+        return None
+    errors = Increase(
+        increase=sum(part.increase for part in parts),
+        seconds=max(part.seconds for part in parts),
+        resets=sum(part.resets for part in parts),
+        saturated=any(part.saturated for part in parts),
+    )
+    return _Ratio(
+        "ib_receive_errors",
+        "receive_packet_error_ratio",
+        "received packets with errors at a ratio",
+        errors,
+        errors.increase / packets.increase,
+        config.receive_packet_error_ratio_warn,
+        config.receive_packet_error_ratio_critical,
+    )
+
+
 def _bit_errors(
     port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
     recent = window(samples, now, config.ber_window)
-    judged = (
-        (
-            "ib_symbol_errors",
-            "symbol",
-            SYMBOL_COUNTERS,
-            config.symbol_ber_warn,
-            config.symbol_ber_critical,
-        ),
-        (
-            "ib_receive_errors",
-            "receive",
-            RECEIVE_COUNTERS,
-            config.receive_ber_warn,
-            config.receive_ber_critical,
-        ),
-    )
-    # Too little data makes an error or two read as a high BER.
+    # Too little data makes an error or two read as a high rate.
     if recent[-1][0] - recent[0][0] < config.ber_min_span:
         return
-    for code, kind, names, warn, critical in judged:
-        parts = [_counted(recent, name) for name in names]
-        usable = [part for part in parts if part.increase.seconds > 0 and part.capacity_bytes > 0]
-        if not usable:
+    for ratio in (_symbol_ratio(recent, config), _receive_ratio(recent, config)):
+        if ratio is None:
             continue
-        ber = sum(part.increase.increase / (part.capacity_bytes * BITS_PER_BYTE) for part in usable)
-        out.measure(f"{kind}_error_ratio", port, ber)
-        if ber < warn:
+        out.measure(ratio.measurement, port, ratio.ratio)
+        if ratio.ratio < ratio.warn:
             continue
-        saturated = any(part.increase.saturated for part in parts)
-        span = max(part.increase.seconds for part in usable)
+        saturated = ratio.errors.saturated
         out.find(
             port,
-            code,
-            Severity.CRITICAL if ber >= critical else Severity.WARN,
-            f"{kind} errors at an estimated BER of {'at least ' if saturated else ''}{ber:.2g} "
-            f"over {format_duration(span)} (warn at {warn:g}, critical at {critical:g})",
+            ratio.code,
+            Severity.CRITICAL if ratio.ratio >= ratio.critical else Severity.WARN,
+            f"{ratio.what} of {'at least ' if saturated else ''}{ratio.ratio:.2g} "
+            f"over {format_duration(ratio.errors.seconds)} "
+            f"(warn at {ratio.warn:g}, critical at {ratio.critical:g})",
             Action.INSPECT_HARDWARE,
             {
-                "errors": int(sum(part.increase.increase for part in usable)),
-                "ber": ber,
-                "window_seconds": span,
-                "resets": sum(part.increase.resets for part in parts),
+                "errors": int(ratio.errors.increase),
+                "ratio": ratio.ratio,
+                "window_seconds": ratio.errors.seconds,
+                "resets": ratio.errors.resets,
                 "saturated": int(saturated),
             },
         )
@@ -341,28 +420,30 @@ def _congestion(
     port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
     recent = window(samples, now, config.congestion_window)
-    wait = _counted(recent, "port_xmit_wait")
-    if wait.capacity_bytes > 0 and wait.increase.seconds > 0:
+    judged = _judged(recent, ("port_xmit_wait",))
+    wait = _increase(judged, "port_xmit_wait")
+    capacity_bytes = _capacity_bits(judged) / BITS_PER_BYTE
+    if capacity_bytes > 0 and wait.seconds > 0:
         # Clamped: a ratio above 1 means the tick assumption is wrong for this HCA.
-        lost_bytes = wait.increase.increase * config.xmit_wait_bytes_per_tick
-        ratio = min(1.0, lost_bytes / wait.capacity_bytes)
+        lost_bytes = wait.increase * config.xmit_wait_bytes_per_tick
+        ratio = min(1.0, lost_bytes / capacity_bytes)
         out.measure("xmit_wait_ratio", port, ratio)
         if ratio >= config.xmit_wait_warn_ratio:
             out.find(
                 port,
                 "ib_congestion",
                 Severity.WARN,
-                f"waited for credits {ratio:.0%} of {format_duration(wait.increase.seconds)} "
+                f"waited for credits {ratio:.0%} of {format_duration(wait.seconds)} "
                 f"(warn at {config.xmit_wait_warn_ratio:.0%}): fabric congestion",
                 Action.NONE,
                 {
-                    "xmit_wait_ticks": int(wait.increase.increase),
+                    "xmit_wait_ticks": int(wait.increase),
                     "ratio": ratio,
-                    "window_seconds": wait.increase.seconds,
-                    "saturated": int(wait.increase.saturated),
+                    "window_seconds": wait.seconds,
+                    "saturated": int(wait.saturated),
                 },
             )
-    discards = _counted(recent, "port_xmit_discards").increase
+    discards = _increase(_judged(recent, ("port_xmit_discards",)), "port_xmit_discards")
     if discards.increase >= config.xmit_discards_warn_count:
         out.find(
             port,
@@ -390,21 +471,34 @@ def _saturation(port: Port, samples: Samples, out: _Verdicts) -> None:
         out.measure("counter_saturated", port, 1.0, counter=name)
     if not stuck:
         return
-    names = ", ".join(sorted(stuck))
+    first = samples[0][1]
+    # Pinned since the port was first seen (at daemon start, or before the
+    # history's horizon): filled by a past nobody watched, not by a fault now.
+    inherited = {
+        name for name in stuck if is_saturated(first.counters.get(name), COUNTER_BITS[name])
+    }
+    filled = stuck.keys() - inherited - TELEMETRY_COUNTERS
+    names = ", ".join(f"{name} ({value})" for name, value in sorted(stuck.items()))
+    since = "while watched" if filled else "since the port was first seen"
     out.find(
         port,
         "ib_counter_saturated",
-        Severity.OK if stuck.keys() <= TELEMETRY_COUNTERS else Severity.WARN,
-        f"{names} stopped at the IBTA maximum: what they count since is unknown "
-        "until the port's counters are cleared (perfquery -x)",
+        Severity.WARN if filled else Severity.OK,
+        f"{names} at the IBTA maximum {since}: they count nothing more until cleared "
+        f"(`perfquery -C {port[0]} -P {port[1]} -R` clears the port's counters); "
+        "meanwhile link flaps are judged from port state changes and the counters "
+        "that still move",
         Action.NONE,
-        {"counters": names, **stuck},
+        {"counters": ", ".join(sorted(stuck)), "filled_while_watched": len(filled), **stuck},
     )
 
 
-def _expected(history: History, ports: Sequence[Port], config: InfinibandCheckConfig) -> set[Port]:
+def _expected(
+    history: History, ports: Sequence[Port], config: InfinibandCheckConfig, learned: set[Port]
+) -> set[Port]:
     expected = {port for port in ports if _listed(port, config.expected_ports)}
     if config.expect_ports_seen_active:
+        expected |= learned
         expected |= {
             port
             for port in ports
@@ -413,34 +507,61 @@ def _expected(history: History, ports: Sequence[Port], config: InfinibandCheckCo
     return expected
 
 
-def _missing(port: Port, last_seen: float | None, now: float, out: _Verdicts) -> None:
-    evidence: dict[str, float | int | str] = {}
+def learned_ports(readings: Iterable[Reading]) -> set[str]:
+    """The subjects of the ports ACTIVE in these readings: what a node learns
+    it must keep (`expect_ports_seen_active`; the daemon records them)."""
+    return {
+        port.subject
+        for reading in readings
+        for port in reading.ports or ()
+        if port.state_id == ACTIVE
+    }
+
+
+def _port_of(subject: str) -> Port | None:
+    device, _, number = subject.removeprefix("ib:").rpartition("/")
+    return (device, int(number)) if device and number.isascii() and number.isdigit() else None
+
+
+def _missing(
+    port: Port, last_seen: float | None, now: float, learned: bool, out: _Verdicts
+) -> None:
+    evidence: dict[str, float | int | str] = {"learned": int(learned)}
     if last_seen is not None:
         evidence["seconds_since_seen"] = now - last_seen
+    why = "seen ACTIVE on this node before" if learned else "listed in expected_ports"
     out.find(
         port,
         "ib_port_missing",
         Severity.CRITICAL,
-        "expected port is not in sysfs (HCA lost or driver not loaded)",
+        f"expected port ({why}) is not in sysfs (HCA lost or driver not loaded)",
         Action.INSPECT_HARDWARE,
         evidence,
     )
 
 
-def run(history: History, now: float, config: InfinibandCheckConfig) -> CheckOutput:
-    ports = history.port_keys()
-    if not ports:
+def run(
+    history: History,
+    now: float,
+    config: InfinibandCheckConfig,
+    learned: Collection[str] = frozenset(),
+) -> CheckOutput:
+    """`learned`: the `ib:<device>/<port>` subjects the node learned it must
+    keep (recorded in the state database), expected with `expect_ports_seen_active`."""
+    last_poll = history.last_port_poll
+    if last_poll is None:
         # No InfiniBand reading yet: nothing is known, so nothing is judged.
         return CheckOutput()
+    ports = history.port_keys()
+    remembered = {port for port in map(_port_of, learned) if port is not None}
     out = _Verdicts()
-    expected = _expected(history, ports, config)
-    # The newest sample of any port is the last poll: a port not in it is gone.
-    last_poll = max(history.port(*port)[-1][0] for port in ports)
+    expected = _expected(history, ports, config, remembered)
     for port in ports:
         samples = history.port(*port)
+        # A port not in the last poll that listed ports is gone.
         if samples[-1][0] < last_poll:
             if port in expected:
-                _missing(port, samples[-1][0], now, out)
+                _missing(port, samples[-1][0], now, port in remembered, out)
             continue
         if port in expected:
             _link_state(port, samples, config, out)
@@ -448,6 +569,9 @@ def run(history: History, now: float, config: InfinibandCheckConfig) -> CheckOut
         _bit_errors(port, samples, now, config, out)
         _congestion(port, samples, now, config, out)
         _saturation(port, samples, out)
-    for port in sorted(_named_ports(config.expected_ports) - set(ports)):
-        _missing(port, None, now, out)
+    unseen = _named_ports(config.expected_ports)
+    if config.expect_ports_seen_active:
+        unseen |= remembered
+    for port in sorted(unseen - set(ports)):
+        _missing(port, None, now, port in remembered, out)
     return CheckOutput(tuple(out.findings), tuple(out.measurements))

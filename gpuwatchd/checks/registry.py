@@ -40,12 +40,14 @@ class ChecksConfig:
 @dataclass(frozen=True)
 class CheckInputs:
     """What every check may read: the history, the time, the boots seen, and
-    the GPUs of the node's first healthy start."""
+    the GPUs of the node's first healthy start, and the InfiniBand ports the
+    node learned it must keep (`ib:<device>/<port>`)."""
 
     history: History
     now: float
     boots: xid.BootRecord
     known_gpus: tuple[gpu_lost.KnownGpu, ...] = ()
+    expected_ports: frozenset[str] = frozenset()
 
 
 Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
@@ -58,7 +60,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),
-    (infiniband.NAME, lambda i, c: infiniband.run(i.history, i.now, c.infiniband)),
+    (
+        infiniband.NAME,
+        lambda i, c: infiniband.run(i.history, i.now, c.infiniband, i.expected_ports),
+    ),
 )
 
 

@@ -3,9 +3,19 @@
 Owns the files under `<sysfs_root>/class/infiniband/` for the scenario node's
 HCAs (`mlx5_0`.., one 400 Gb/s NDR port each, ConnectX-7 identities): state,
 rate, link layer, `counters/` and `hw_counters/`, with training-like traffic
-in the background and the `ib_symbol_errors`, `ib_link_flap`, `ib_port_down`
-and `ib_congestion` faults of the scenario on top. The reader in
-`gpuwatchd.sources.infiniband` reads this tree exactly as it reads `/sys`.
+in the background and the `ib_symbol_errors`, `ib_link_flap`, `ib_port_down`,
+`ib_congestion`, `ib_counter_pinned` and `ib_counter_einval` faults of the
+scenario on top. The reader in `gpuwatchd.sources.infiniband` reads this tree
+exactly as it reads `/sys`.
+
+`ib_counter_pinned` is what real ConnectX-7 ports show after months of uptime
+(gpud PR #943: `link_downed` 255, `port_xmit_discards` 65535,
+`port_xmit_wait` 2^32-1): the counter reads its IBTA maximum from the fault's
+start until it ends, which is the counter being cleared (it then counts again
+from what it would hold). `ib_counter_einval` makes a counter file fail its
+read() with EINVAL, as restricted ConnectX-7 functions do: the file is a
+symbolic link to a kernel file that the kernel itself refuses that way (see
+`einval_target`), so the reader meets a real EINVAL from a real read().
 
 Every value is a closed-form function of the seed and of the time since
 start, so a run reads the same however often it is advanced. The IBTA error
@@ -17,6 +27,8 @@ reader never sees half a file.
 
 from __future__ import annotations
 
+import errno
+import functools
 import itertools
 import math
 import os
@@ -26,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwatchd.counters import saturation_max
-from gpuwatchd.sim.scenario import Fault, Scenario
+from gpuwatchd.sim.scenario import Fault, Scenario, ScenarioError
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, BYTES_PER_WORD, COUNTER_BITS
 
 PORT = 1
@@ -118,6 +130,52 @@ HW_COUNTER_FILES = (
 )
 
 
+# Kernel files that have no read operation, or whose read the kernel refuses,
+# so that open() works and read() fails with EINVAL (vfs_read without
+# FMODE_CAN_READ; the security module's getprocattr for an attribute it does
+# not keep). Which one does depends on the process's rights and the LSM:
+# the first that does on this host is used.
+EINVAL_CANDIDATES = (
+    "/proc/self/clear_refs",
+    "/proc/self/attr/sockcreate",
+    "/proc/self/attr/keycreate",
+    "/proc/self/attr/exec",
+)
+
+
+@functools.cache
+def einval_target() -> str:
+    """A file whose read() fails with EINVAL for this process."""
+    for candidate in EINVAL_CANDIDATES:
+        try:
+            descriptor = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            os.read(descriptor, 4096)
+        except OSError as error:
+            if error.errno == errno.EINVAL:
+                return candidate
+        finally:
+            os.close(descriptor)
+    raise ScenarioError(
+        "ib_counter_einval: no file on this host fails its read with EINVAL "
+        f"(tried {', '.join(EINVAL_CANDIDATES)})"
+    )
+
+
+def counter_path(name: str) -> str:
+    """Where a counter file lives under a port: counters/ or hw_counters/."""
+    if name in COUNTER_FILES:
+        return f"counters/{name}"
+    if name in HW_COUNTER_FILES:
+        return f"hw_counters/{name}"
+    raise ScenarioError(
+        f"{name!r} is not a simulated counter file (counters/: {', '.join(COUNTER_FILES)}; "
+        f"hw_counters/: {', '.join(HW_COUNTER_FILES)})"
+    )
+
+
 @dataclass(frozen=True)
 class _Traffic:
     """One direction of a port's data: a closed-form cumulative byte count."""
@@ -175,6 +233,8 @@ class _HcaModel:
     def __init__(self, name: str, faults: tuple[Fault, ...], rng: random.Random) -> None:
         self.name = name
         self._faults = tuple(fault for fault in faults if fault.hca == name)
+        for fault in self._of("ib_counter_einval"):
+            counter_path(fault.counter or "")
         utilization = rng.uniform(*UTILIZATION)
         iteration = rng.uniform(*ITERATION_SECONDS)
         uptime = rng.uniform(*UPTIME_SECONDS)
@@ -205,13 +265,20 @@ class _HcaModel:
         files["hw_counters/lifespan"] = str(HW_COUNTER_LIFESPAN_MS)
         return files
 
+    def refused_files(self, t: float) -> frozenset[str]:
+        """The port's files (relative to ports/1) whose read fails with EINVAL at t."""
+        refusing = self._of("ib_counter_einval")
+        return frozenset(counter_path(f.counter or "") for f in refusing if f.active(t))
+
     def reset(self, t: float) -> None:
         """What a driver reload does to the port: every counter starts again at 0."""
         self._baseline = self._raw(t)
 
     def _counts(self, t: float) -> tuple[dict[str, int], dict[str, int]]:
         raw = self._raw(t)
-        values = {name: value - self._baseline.get(name, 0) for name, value in raw.items()}
+        # A count cannot go below the value it was cleared at (a pin that ends
+        # after a clear takes its offset back from a counter already at 0).
+        values = {name: max(0, value - self._baseline.get(name, 0)) for name, value in raw.items()}
         counters = {name: self._clamped(name, values.get(name, 0)) for name in COUNTER_FILES}
         hw_counters = {name: values.get(name, 0) for name in HW_COUNTER_FILES}
         return counters, hw_counters
@@ -221,8 +288,8 @@ class _HcaModel:
         limit = saturation_max(COUNTER_BITS.get(name))
         return value if limit is None else min(value, limit)
 
-    def _raw(self, t: float) -> dict[str, int]:
-        """Every count since boot, unclamped and in the units of the files."""
+    def _unpinned(self, t: float) -> dict[str, int]:
+        """Every count since boot as the faults other than pins make it."""
         # Traffic stops while the cable is out; short flaps are left in it.
         traffic_seconds = t - sum(fault.elapsed(t) for fault in self._of("ib_port_down"))
         received = self._receive.bytes_after(traffic_seconds)
@@ -235,7 +302,7 @@ class _HcaModel:
         wait = self._xmit_wait_start + math.floor(
             BACKGROUND_XMIT_WAIT_TICKS_PER_SECOND * traffic_seconds
         )
-        return {
+        counts = {
             "port_rcv_data": received // BYTES_PER_WORD,
             "port_xmit_data": transmitted // BYTES_PER_WORD,
             "port_rcv_packets": received // PACKET_BYTES,
@@ -253,6 +320,21 @@ class _HcaModel:
             "rx_write_requests": received // WRITE_REQUEST_BYTES,
             "rx_read_requests": received // READ_REQUEST_BYTES,
         }
+        return counts
+
+    def _raw(self, t: float) -> dict[str, int]:
+        """Every count since boot, unclamped and in the units of the files,
+        with the pins of `ib_counter_pinned`: while one lasts its counter holds
+        a count past its width, which the clamp shows as the maximum; when it
+        ends the counter is cleared (perfquery -R) and counts from 0."""
+        counts = self._unpinned(t)
+        for fault in self._of("ib_counter_pinned"):
+            name = fault.counter or ""
+            if fault.active(t):
+                counts[name] = counts.get(name, 0) + (1 << COUNTER_BITS[name])
+            elif t >= fault.until:
+                counts[name] = counts.get(name, 0) - self._unpinned(fault.until).get(name, 0)
+        return counts
 
 
 class SimulatedFabric:
@@ -282,7 +364,14 @@ class SimulatedFabric:
         for hca in self._hcas:
             device = self._class_dir / hca.name
             self._write_all(device, self._device_files(hca))
-            self._write_all(device / "ports" / str(PORT), hca.port_files(t))
+            port = device / "ports" / str(PORT)
+            refused = hca.refused_files(t)
+            files = hca.port_files(t)
+            self._write_all(
+                port, {name: text for name, text in files.items() if name not in refused}
+            )
+            for name in refused:
+                self._link(port / name, einval_target())
 
     def reset_counters(self, hca: str, now: float) -> None:
         """A driver reload (or `perfquery -R`) on `hca`: its counters restart from 0."""
@@ -305,13 +394,26 @@ class SimulatedFabric:
             self._write(directory / relative, text + "\n")
 
     def _write(self, path: Path, text: str) -> None:
-        previous = self._written.get(path)
-        if previous == text:
+        if self._written.get(path) == text:
             return
-        if previous is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._staging.mkdir(exist_ok=True)
-        temporary = self._staging / f"{next(self._names)}.tmp"
+        temporary = self._staged(path)
         temporary.write_text(text, encoding="ascii")
         os.replace(temporary, path)
         self._written[path] = text
+
+    def _link(self, path: Path, target: str) -> None:
+        """`path` as a symbolic link to `target`, swapped in atomically."""
+        marker = f"-> {target}"
+        if self._written.get(path) == marker:
+            return
+        temporary = self._staged(path)
+        temporary.symlink_to(target)
+        os.replace(temporary, path)
+        self._written[path] = marker
+
+    def _staged(self, path: Path) -> Path:
+        """A fresh name in the staging folder for what will replace `path`."""
+        if path not in self._written:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._staging.mkdir(exist_ok=True)
+        return self._staging / f"{next(self._names)}.tmp"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -41,6 +42,7 @@ import yaml
 
 from gpuwatchd import capture as captures
 from gpuwatchd.model import GPU_RECOVERY_ACTIONS
+from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -72,6 +74,8 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
     "ib_congestion": (frozenset({"hca", "port", "rate"}), frozenset()),
+    "ib_counter_pinned": (frozenset({"hca", "port", "counter"}), frozenset()),
+    "ib_counter_einval": (frozenset({"hca", "port", "counter"}), frozenset()),
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
@@ -84,6 +88,8 @@ NVML_ERRORS: Mapping[int, str] = {
     for name in dir(pynvml)
     if name.startswith("NVML_ERROR_")
 }
+# A file under a port's counters/ or hw_counters/ (port_xmit_wait, out_of_buffer).
+_COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
 # What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
 # says what each mode is); `consistent` when no mode is given.
@@ -139,6 +145,7 @@ class Fault:
     call: str | None = None  # nvml_error: the NVML function or field that fails
     count: int | None = None
     mhz: int | None = None
+    counter: str | None = None  # an InfiniBand counter file's name
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -249,6 +256,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         call=str(raw["call"]) if "call" in raw else None,
         count=_require_int(raw["count"], "count", label) if "count" in raw else None,
         mhz=_require_int(raw["mhz"], "mhz", label) if "mhz" in raw else None,
+        counter=str(raw["counter"]) if "counter" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -316,6 +324,13 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
     if fault.count is not None and not 0 < fault.count <= node.gpus:
         raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
+    if fault.kind == "ib_counter_pinned" and fault.counter not in COUNTER_BITS:
+        known = ", ".join(sorted(COUNTER_BITS))
+        raise ScenarioError(
+            f"{label}: counter {fault.counter!r} has no IBTA maximum to pin at (known: {known})"
+        )
+    if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
+        raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
 
 
 def parse(text: str, name: str = "scenario", directory: str | None = None) -> Scenario:

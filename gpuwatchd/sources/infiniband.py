@@ -3,9 +3,21 @@
 Reads, per device, `board_id`, `fw_ver`, `hca_type` and `node_guid`, and per
 port `state`, `phys_state`, `rate`, `link_layer` and every file under
 `counters/` and `hw_counters/`. What a file does not say (missing, empty,
-unreadable, `N/A (no PMA)`) is an absent value, logged once per file; it
-never stops the rest of the port from being read. A device that disappears
-while it is read (hot unplug, driver reload) is left out of that poll.
+unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent value,
+logged once per file; it never stops the rest of the port from being read. A
+device that disappears while it is read (hot unplug, driver reload) is left
+out of that poll.
+
+A file whose read fails with EINVAL or EOPNOTSUPP is not read again while its
+device stays: on restricted ConnectX-7 functions (DGX and GB200 systems) every
+such read makes the driver log an `ACCESS_REG ... err(-22)` line, and the
+refusal is the firmware's policy for that function, not a passing state. No
+timed re-check: it would only buy more kernel log lines. A driver reload or
+hot plug re-creates the device's directory, and then its files are tried again.
+
+A node with no InfiniBand device at all (no `class/infiniband`, or nothing in
+it but excluded devices) is a reading with no ports and an error that says so:
+the source is not "up" where there is nothing to read.
 
 The source knows nothing about health: it also owns `COUNTER_BITS`, the
 widths at which the IBTA counters under `counters/` saturate, because that is
@@ -72,6 +84,19 @@ BYTES_PER_GIGABIT = 125_000_000
 
 # Errors that mean the file (or the device under it) is gone, not unreadable.
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ENXIO})
+# Errors that the same file gives on every read: not asked again (see above).
+REFUSED_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP})
+
+# sysfs counters are u64 (the kernel prints them with %llu); anything longer
+# is garbage, and unbounded it breaks every float it meets.
+U64_MAX = 2**64 - 1
+_U64_DIGITS = len(str(U64_MAX))
+# Far above any link there is (12X XDR is 2400 Gb/s): a larger rate is garbage.
+MAX_RATE_GBPS = 100_000.0
+# Device names the daemon can name as a subject (`ib:<device>/<port>`) and an
+# operator can quarantine or release; the kernel's own names (mlx5_0,
+# mlx5_bond_0, ibp12s0, hfi1_0, irdma0) all are.
+_DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def read_attribute(path: str) -> str:
@@ -101,16 +126,33 @@ def parse_rate(text: str) -> float:
     match = _RATE_RE.match(text)
     if match is None:
         raise ValueError(f"not a rate such as '400 Gb/sec (4X NDR)': {text!r}")
-    return float(match.group(1)) * BYTES_PER_GIGABIT
+    gigabits = float(match.group(1))
+    if not gigabits <= MAX_RATE_GBPS:
+        raise ValueError(f"not a link rate (above {MAX_RATE_GBPS:g} Gb/s): {_clipped(text)}")
+    return gigabits * BYTES_PER_GIGABIT
 
 
 def parse_counter(text: str) -> int:
-    """A non-negative decimal count; anything else (`N/A (no PMA)`, `-1`) is an error."""
+    """A decimal u64; anything else (`N/A (no PMA)`, `-1`, 400 digits) is an error."""
     digits = text.strip()
     # isascii: str.isdigit alone also accepts digits of other scripts.
     if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f"not a number: {text!r}")
+        raise ValueError(f"not a number: {_clipped(text)}")
+    if len(digits) > _U64_DIGITS or int(digits) > U64_MAX:
+        raise ValueError(f"not a u64 (above {U64_MAX}): {_clipped(text)}")
     return int(digits)
+
+
+def _clipped(text: str, limit: int = 40) -> str:
+    """The text for a log line, cut short: a garbage file can be a page long."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def port_number(entry: str) -> int | None:
+    """The port number a `ports/` entry names, or None for anything else."""
+    if not (entry.isascii() and entry.isdigit()) or len(entry) > 5:
+        return None
+    return int(entry)
 
 
 @dataclass(frozen=True)
@@ -119,6 +161,7 @@ class _Problem:
     path: str
     reason: str
     gone: bool  # the file is missing: maybe the device or port went away
+    refused: bool = False  # the file fails the same way at every read
 
 
 @dataclass
@@ -127,8 +170,12 @@ class _Attempt:
 
     subject: str
     problems: list[_Problem] = field(default_factory=list)
+    # Files not to read: those that refused before (see REFUSED_ERRNOS).
+    skip: frozenset[str] = frozenset()
 
     def text(self, path: str) -> str | None:
+        if path in self.skip:
+            return None
         try:
             text = read_attribute(path)
         except OSError as error:
@@ -148,8 +195,14 @@ class _Attempt:
 
     def fail(self, path: str, error: OSError) -> None:
         gone = error.errno in _GONE_ERRNOS
+        refused = error.errno in REFUSED_ERRNOS
         reason = "missing" if gone else (error.strerror or str(error))
-        self.problems.append(_Problem(self.subject, path, reason, gone))
+        if refused:
+            reason += (
+                "; not read again while the device stays (restricted ConnectX-7 "
+                "functions log a kernel ACCESS_REG error at every such read)"
+            )
+        self.problems.append(_Problem(self.subject, path, reason, gone, refused))
 
     def unparsable(self, path: str, error: ValueError) -> None:
         self.problems.append(_Problem(self.subject, path, str(error), gone=False))
@@ -157,6 +210,10 @@ class _Attempt:
     @property
     def missed_files(self) -> bool:
         return any(problem.gone for problem in self.problems)
+
+    @property
+    def refused(self) -> set[str]:
+        return {problem.path for problem in self.problems if problem.refused}
 
 
 class InfinibandSource:
@@ -168,44 +225,65 @@ class InfinibandSource:
         self._class_dir = os.path.join(config.sysfs_root, *CLASS_PATH)
         self._exclude = frozenset(config.exclude_devices)
         self._reported: set[str] = set()
+        # Per device: the identity of its directory (st_dev, st_ino) when its
+        # files refused, and those files. A new directory is a new device.
+        self._refused: dict[str, tuple[tuple[int, int], set[str]]] = {}
 
     def poll(self, now: float) -> Reading:
         try:
             names = sorted(os.listdir(self._class_dir))
         except FileNotFoundError:
-            # A node without an RDMA driver loaded: nothing to read, not a failure.
-            self._report_once(self._class_dir, f"ib: {self._class_dir} is missing: no devices")
-            return Reading(source=self.name, time=now, infiniband_devices=(), ports=())
+            return self._nothing(now, f"{self._class_dir} is missing (no RDMA driver loaded)")
         except OSError as error:
             reason = f"cannot list {self._class_dir}: {error.strerror}"
             return Reading(source=self.name, time=now, error=reason)
         devices: list[InfinibandDevice] = []
         ports: list[PortSample] = []
         for name in names:
-            if name in self._exclude:
+            if name in self._exclude or not self._nameable(name):
                 continue
             read = self._read_device(name)
             if read is not None:
                 devices.append(read[0])
                 ports.extend(read[1])
+        if not devices:
+            return self._nothing(now, f"no InfiniBand device under {self._class_dir}")
         return Reading(
             source=self.name, time=now, infiniband_devices=tuple(devices), ports=tuple(ports)
         )
+
+    def _nothing(self, now: float, reason: str) -> Reading:
+        """A poll that found no device: read (no ports, so expected ports are
+        missing), but not up; a node without InfiniBand should not enable it."""
+        return Reading(source=self.name, time=now, infiniband_devices=(), ports=(), error=reason)
+
+    def _nameable(self, name: str) -> bool:
+        if _DEVICE_NAME_RE.match(name):
+            return True
+        self._report_once(
+            f"{self._class_dir}/{name}",
+            f"ib: device {_clipped(name)} is not read: only letters, digits, '_', '.' and "
+            "'-' make a subject (ib:<device>/<port>) an operator can quarantine or release",
+            missing=False,
+        )
+        return False
 
     def close(self) -> None:
         """Nothing is held open between polls."""
 
     def _read_device(self, name: str) -> tuple[InfinibandDevice, list[PortSample]] | None:
         directory = os.path.join(self._class_dir, name)
-        attempt = _Attempt(f"ib:{name}")
+        skip = self._refused_files(name, directory)
+        attempt = _Attempt(f"ib:{name}", skip=skip)
         facts = {file: attempt.text(os.path.join(directory, file)) for file in DEVICE_FILES}
         ports_dir = os.path.join(directory, "ports")
         ports: list[PortSample] = []
         attempts = [attempt]
         lost_port = False
-        numbers = sorted(int(entry) for entry in attempt.listing(ports_dir) if entry.isdigit())
+        listed = (port_number(entry) for entry in attempt.listing(ports_dir))
+        numbers = sorted(number for number in listed if number is not None)
         for number in numbers:
-            port_attempt = _Attempt(f"ib:{name}/{number}")
+            port_attempt = _Attempt(f"ib:{name}/{number}", skip=skip)
             port_dir = os.path.join(ports_dir, str(number))
             port = self._read_port(name, number, port_dir, port_attempt)
             # Only a read that missed files pays for the check that the port is still there.
@@ -219,6 +297,7 @@ class InfinibandSource:
             return None
         for each in attempts:
             self._report(each)
+            self._remember_refused(name, directory, each.refused)
         device = InfinibandDevice(
             device=name,
             board_id=facts["board_id"],
@@ -227,6 +306,26 @@ class InfinibandSource:
             node_guid=facts["node_guid"],
         )
         return device, ports
+
+    def _refused_files(self, name: str, directory: str) -> frozenset[str]:
+        remembered = self._refused.get(name)
+        if remembered is None:
+            return frozenset()
+        if remembered[0] != _identity(directory):
+            # Re-created by a driver reload or hot plug: its files may read now.
+            del self._refused[name]
+            for path in remembered[1]:
+                self._reported.discard(path)
+            return frozenset()
+        return frozenset(remembered[1])
+
+    def _remember_refused(self, name: str, directory: str, paths: set[str]) -> None:
+        if not paths:
+            return
+        identity = _identity(directory)
+        if identity is None:
+            return
+        self._refused.setdefault(name, (identity, set()))[1].update(paths)
 
     def _read_port(self, device: str, number: int, directory: str, attempt: _Attempt) -> PortSample:
         state = self._parsed(attempt, os.path.join(directory, "state"), parse_state)
@@ -282,3 +381,11 @@ class InfinibandSource:
         # Drivers differ in which files they offer (hfi1 has no hca_type, mlx4
         # no hw_counters): a missing file is information, a broken one a warning.
         log.log(logging.INFO if missing else logging.WARNING, message)
+
+
+def _identity(directory: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(directory)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
