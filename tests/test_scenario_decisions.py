@@ -400,3 +400,25 @@ def test_sdc_ends_in_a_confirmed_quarantine_of_that_gpu_and_nothing_else(
     # The node follows its GPU (node_quarantine_ratio), nothing else is touched.
     assert set(quarantined) == {"gpu:2", "node"}
     assert snapshot.canary is not None
+
+
+def test_a_calm_node_as_real_hardware_answers_stays_healthy_for_an_hour(tmp_path: Path) -> None:
+    # Clocks locked by an operator, IB counters pinned before the daemon came,
+    # one link whose counters the driver refuses, a restricted counter file:
+    # each is how shipped hardware answers, none is a fault.
+    faults = """faults:
+      - {at: 0s, kind: clocks_locked, mhz: 1410}
+      - {at: 0s, kind: ib_counter_pinned, hca: mlx5_0, port: 1, counter: link_downed}
+      - {at: 0s, kind: ib_counter_pinned, hca: mlx5_1, port: 1, counter: port_xmit_wait}
+      - {at: 0s, kind: ib_counter_einval, hca: mlx5_1, port: 1, counter: port_rcv_errors}
+      - {at: 0s, kind: nvml_error, gpu: 1, call: nvmlDeviceGetNvLinkErrorCounter,
+         code: not_supported, link: 2}
+    """
+    polls = Config(daemon=DaemonConfig(poll_interval=30))
+    with simulated_daemon(NODE + faults, tmp_path, polls) as sim:
+        snapshot = sim.run_until(3600)
+    assert snapshot.node_health is Health.HEALTHY and snapshot.quarantines == ()
+    assert {f.code for f in snapshot.findings if f.severity is not Severity.OK} == set()
+    gpu1 = next(g for g in snapshot.gpus if g.index == 1)
+    link2 = next(link for link in gpu1.nvlinks if link.link == 2)
+    assert link2.up and "crc_flit" not in link2.errors
