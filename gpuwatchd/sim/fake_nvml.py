@@ -38,6 +38,12 @@ Per generation, as HARDWARE-NOTES.md describes:
   clocks-event reason bit (NVML has only setters for locked clocks).
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
+- A lost GPU answers GPU_IS_LOST, a GPU that needs a reset RESET_REQUIRED, to
+  every device call; a field-value batch still answers SUCCESS and carries the
+  error in each field (nvml.h). The recovery action field answers from R570.
+- The event wait answers GPU_IS_LOST while a registered GPU is lost.
+
+docs/nvml-fidelity.md lists every behaviour with its source and certainty.
 
 Typical use (simulator or test):
 
