@@ -36,9 +36,12 @@ class MemoryConfig:
     # Window for ECC increases and the corrected-error rate. An uncorrectable
     # error keeps its finding this long; its quarantine outlives it.
     window: Seconds = 600.0
-    # Corrected (single-bit) errors per second that make an SBE storm. DCGM's
-    # DCGM_LIMIT_MAX_SBE_RATE is 10 (marked a placeholder there); 10/min over
-    # 10 minutes is a hundred corrections, far above a healthy HBM's near zero.
+    # Corrected (single-bit) errors per second that make an SBE storm: our
+    # choice, a warning only. No DCGM health check judges SBEs (its
+    # DCGM_LIMIT_MAX_SBE_RATE is a unitless "dummy value" no check reads), the
+    # driver's own SBE-storm signal is XID 92, and NVIDIA's memory error guide
+    # leaves corrected HBM errors out of its RMA policy. 10/min over 10 minutes
+    # is a hundred corrections, far above a healthy HBM's near zero.
     sbe_storm_rate: PerSecond = 10 / 60
     # Retired pages (single- plus double-bit) at which the GPU has failed:
     # DCGM_LIMIT_MAX_RETIRED_PAGES, 63 since DCGM matched the field diag.
