@@ -182,12 +182,15 @@ def _errors(
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
     spans = windows(now, config.window, config.storm_windows)
+    # Only the counters this link reports now (each generation reports a few
+    # of NVLINK_ERROR_TYPES): the others have no series to judge.
     counts = {
-        error_type: series(links, partial(_error_count, error_type))
-        for types in FAMILIES.values()
-        for error_type in types
+        error_type: series(links, partial(_error_count, error_type)) for error_type in link.errors
     }
-    for family, types in FAMILIES.items():
+    for family, all_types in FAMILIES.items():
+        types = tuple(error_type for error_type in all_types if error_type in counts)
+        if not types:
+            continue
         threshold = config.storm_rate(family)
         # Per window: the highest rate among the family's counters, and whether any grew.
         judged = [_family_window(counts, types, start, end) for start, end in spans]
