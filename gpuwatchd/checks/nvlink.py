@@ -134,11 +134,15 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
             continue
         samples = history.gpu(index)
         recent = tail_from(samples, now - config.window * config.storm_windows)
+        window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.up]
+        down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
+        was_up = _seen_up(samples[:-1], down)
         for link in latest.nvlinks:
-            findings.extend(_down(link, samples))
+            findings.extend(_down(link, was_up))
             findings.extend(_errors(link, _link_series(recent, link.link), now, config))
             findings.extend(_ber(link, config))
-        findings.extend(_missing(latest, samples, now, config))
+        if samples[0][0] <= now - config.window:
+            findings.extend(_missing(latest, window, was_up, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -157,14 +161,24 @@ def _link(number: int, sample: GpuSample) -> LinkSample | None:
     return next((link for link in links if link.link == number), None)
 
 
-def _was_up(number: int, samples: Sequence[tuple[float, GpuSample]]) -> bool:
-    return any(before is not None and before.up for _, before in _link_series(samples, number))
+def _seen_up(samples: Sequence[tuple[float, GpuSample]], numbers: set[int]) -> set[int]:
+    """Which of the links `numbers` were up in any of `samples` (newest first,
+    stopping once all are found: only a link never up costs the whole history)."""
+    pending, seen = set(numbers), set()
+    for _, sample in reversed(samples):
+        if not pending:
+            break
+        for link in sample.nvlinks:
+            if link.up and link.link in pending:
+                pending.discard(link.link)
+                seen.add(link.link)
+    return seen
 
 
-def _down(link: LinkSample, samples: Sequence[tuple[float, GpuSample]]) -> Iterator[Finding]:
+def _down(link: LinkSample, was_up: set[int]) -> Iterator[Finding]:
     # Only a link seen up earlier is judged here, on its own subject; one
     # never seen up counts against the GPU's expected links (`_missing`).
-    if link.up is False and _was_up(link.link, samples[:-1]):
+    if link.up is False and link.link in was_up:
         yield Finding(
             subject=link_subject(link.gpu, link.link),
             check=NAME,
@@ -182,12 +196,15 @@ def _errors(
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
     spans = windows(now, config.window, config.storm_windows)
+    # Only the counters this link reports now (each generation reports a few
+    # of NVLINK_ERROR_TYPES): the others have no series to judge.
     counts = {
-        error_type: series(links, partial(_error_count, error_type))
-        for types in FAMILIES.values()
-        for error_type in types
+        error_type: series(links, partial(_error_count, error_type)) for error_type in link.errors
     }
-    for family, types in FAMILIES.items():
+    for family, all_types in FAMILIES.items():
+        types = tuple(error_type for error_type in all_types if error_type in counts)
+        if not types:
+            continue
         threshold = config.storm_rate(family)
         # Per window: the highest rate among the family's counters, and whether any grew.
         judged = [_family_window(counts, types, start, end) for start, end in spans]
@@ -263,33 +280,29 @@ def _ber(link: LinkSample, config: NvlinkConfig) -> Iterator[Finding]:
     )
 
 
-def _shortfall(
-    sample: GpuSample, expected: int, samples: Sequence[tuple[float, GpuSample]]
-) -> tuple[int, list[int]]:
+def _shortfall(sample: GpuSample, expected: int, was_up: set[int]) -> tuple[int, list[int]]:
     """How many links short of `expected` the GPU is in `sample`, and which of
     its links were never up. A link of unknown state is given the benefit of
     the doubt; one down after being up is `_down`'s."""
-    accounted = [
-        link.link for link in sample.nvlinks if link.up is not False or _was_up(link.link, samples)
-    ]
-    never_up = [link.link for link in sample.nvlinks if link.link not in accounted]
-    return expected - len(accounted), never_up
+    never_up = [link.link for link in sample.nvlinks if link.up is False]
+    never_up = [number for number in never_up if number not in was_up]
+    return expected - (len(sample.nvlinks) - len(never_up)), never_up
 
 
 def _missing(
     latest: GpuSample,
-    samples: Sequence[tuple[float, GpuSample]],
-    now: float,
+    window: Sequence[tuple[float, GpuSample]],
+    was_up: set[int],
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
-    """Fewer links up than expected in every sample of the last window: a
-    one-poll gap (a link state that timed out at the first poll) is not one."""
+    """Fewer links up than expected in every sample of the last window (the
+    caller makes sure history covers it): a one-poll gap (a link state that
+    timed out at the first poll) is not one."""
     expected = config.links_expected(latest.name)
-    if not expected or not samples or samples[0][0] > now - config.window:
+    if not expected or not window:
         return
-    window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.up]
-    short = [_shortfall(sample, expected, samples) for _, sample in window]
-    if not short or min(missing for missing, _ in short) <= 0:
+    short = [_shortfall(sample, expected, was_up) for _, sample in window]
+    if min(missing for missing, _ in short) <= 0:
         return
     missing, never_up = short[-1]
     up = expected - missing
