@@ -473,6 +473,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--workdir", type=Path, help="keep configs, data and logs here")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuwatchd-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
