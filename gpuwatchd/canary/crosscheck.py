@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -40,6 +40,18 @@ class DigestBook:
 
     def to_json(self) -> str:
         return json.dumps(dict(self.reference), indent=1, sort_keys=True)
+
+    def forget(self, canaries: Collection[str]) -> DigestBook:
+        """The book without what it agreed on and saw for `canaries`: their
+        digests are agreed afresh (a configuration or software change)."""
+
+        def kept(key: str) -> bool:
+            return not any(f"| {canary} " in key for canary in canaries)
+
+        return DigestBook(
+            MappingProxyType({k: v for k, v in self.reference.items() if kept(k)}),
+            MappingProxyType({k: v for k, v in self.latest.items() if kept(k)}),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> DigestBook:

@@ -13,6 +13,7 @@ from typing import Literal
 Kind = Literal[
     "gemm_exact",
     "gemm_random",
+    "gemm_bounded",
     "int_chain",
     "fma_chain",
     "hbm_walking_ones",

@@ -66,7 +66,14 @@ def execute(request: BurstRequest, emit: Emit) -> None:
         for core in request.cpu_cores or (None,):
             if core is not None:
                 os.sched_setaffinity(0, {core})
-            context = RunContext(cache, request.gpu, request.uuid, core, request.hbm_free_fraction)
+            context = RunContext(
+                cache,
+                request.gpu,
+                request.uuid,
+                core,
+                request.hbm_free_fraction,
+                reference_cores=tuple(sorted(affinity)),
+            )
             for spec in request.specs:
                 emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
                 try:
