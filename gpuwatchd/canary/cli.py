@@ -31,8 +31,9 @@ import click
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, sdc_faults
+from gpuwatchd.canary.modes import nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
-from gpuwatchd.canary.runner import BurstRequest, ProbedGpu, probe_cuda, run_burst
+from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
@@ -91,15 +92,28 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
     return Plan(requests, config.timeout)
 
 
+def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:
+    """NVML index -> UUID of the GPUs the CUDA backend checks. A node whose
+    GPUs NVML sees and CUDA cannot use is never passed silently."""
+    nvml = dict(nvml_gpus())
+    if backend == "cpu":
+        return {}
+    try:
+        probed = probe_cuda(PROBE_TIMEOUT_S)
+    except RuntimeError as error:
+        if nvml or backend == "cuda" or gpu != "all":
+            raise CannotRun(
+                f"{len(nvml)} GPU(s) and no working CUDA backend ({error}); "
+                "install gpuwatchd's cuda extra (README, Install)"
+            ) from error
+        return {}
+    if nvml and len(probed) != len(nvml):
+        raise CannotRun(f"NVML sees {len(nvml)} GPU(s), CUDA {len(probed)}")
+    return nvml or {g.index: None for g in probed}
+
+
 def _node_plan(gpu: str, backend: str, config: CanaryConfig) -> Plan:
-    probed: tuple[ProbedGpu, ...] = ()
-    if backend != "cpu":
-        try:
-            probed = probe_cuda(PROBE_TIMEOUT_S)
-        except RuntimeError as error:
-            if backend == "cuda" or gpu != "all":
-                raise CannotRun(str(error)) from error
-    uuids = {g.index: g.uuid for g in probed}
+    uuids = _cuda_gpus(backend, gpu)
     suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
     requests = [
         BurstRequest("cuda", suite, gpu=index, uuid=uuids[index])

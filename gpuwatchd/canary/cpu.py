@@ -57,7 +57,9 @@ class CpuBackend:
             backend="cpu",
             name=model,
             uuid=uuid,
-            environment=f"{model}; numpy {np.__version__}",
+            environment=f"{model}; {sm_count} SMs; numpy {np.__version__}"
+            if sm_count
+            else f"{model}; numpy {np.__version__}",
             sm_count=sm_count,
         )
 

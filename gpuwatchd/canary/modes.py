@@ -92,6 +92,26 @@ def read_modes(index: int) -> GpuModes:
         pynvml.nvmlShutdown()
 
 
+def nvml_gpus() -> list[tuple[int, str | None]]:
+    """(NVML index, UUID) of the node's GPUs; [] when NVML cannot start
+    (no NVIDIA driver: a node without GPUs)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus: list[tuple[int, str | None]] = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                gpus.append((index, str(pynvml.nvmlDeviceGetUUID(handle))))
+            except pynvml.NVMLError:
+                gpus.append((index, None))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def skip_reason(modes: GpuModes | None, idle: bool, config: CanaryConfig) -> str | None:
     """Why the GPU must get no burst now (one of SKIP_REASONS), or None.
     `modes` None: NVML could not say."""

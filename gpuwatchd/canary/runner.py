@@ -313,9 +313,8 @@ def fail_on_xids(outcome: BurstOutcome, events: Iterable[XidEvent]) -> BurstOutc
 
 @dataclass(frozen=True)
 class ProbedGpu:
-    index: int
+    index: int  # CUDA's ordinal, in PCI bus order
     name: str
-    uuid: str | None
 
 
 def probe_cuda(timeout: float) -> tuple[ProbedGpu, ...]:

@@ -126,8 +126,8 @@ def run_in_process(
 def probe(emit: Emit) -> None:
     from gpuwatchd.canary.cuda import list_devices
 
-    for index, name, uuid in list_devices():
-        emit(to_wire(ProbedGpu(index, name, uuid)))
+    for index, name in list_devices():
+        emit(to_wire(ProbedGpu(index, name)))
 
 
 def main(argv: list[str]) -> int:
