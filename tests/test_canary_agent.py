@@ -16,6 +16,7 @@ from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook
 from gpuwatchd.canary.export import families
 from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
 from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.model import GpuSample, Severity, XidEvent
@@ -188,7 +189,7 @@ def test_agreed_digests_outlive_the_agent(tmp_path: Path) -> None:
     clock.advance(POLL)
     canaries.poll(gpus(3))
     book = DigestBook.from_json(path.read_text())
-    assert len(book.reference) == 2  # the fp32 and bf16 full-mantissa GEMMs
+    assert len(book.reference) == len(RANDOM_GEMM_DTYPES)  # the full-mantissa GEMMs
     # A restarted agent judges a lone bad GPU against them at once.
     clock = FakeClock()
     restarted = agent(clock, on_gpu_1("lane"), digest_path=str(path))

@@ -164,3 +164,20 @@ def test_a_digest_from_another_configuration_is_not_comparable() -> None:
     book, _ = crosscheck(DigestBook(), whole, quorum=1)
     _, judged = crosscheck(book, part, quorum=1)
     assert judged[0].result == "pass"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "tf32", "fp32", "fp64"])
+def test_full_mantissa_operands_use_every_bit_sign_and_exponent(dtype: str) -> None:
+    fmt = FORMATS[dtype]
+    a, _ = random_gemm(fmt, (64, 64, 64), 5)
+    bits = a.view(np.dtype(f"<u{a.dtype.itemsize}")).reshape(-1)
+    explicit = fmt.significand_bits - 1
+    native = {2: 10, 4: 23, 8: 52}[a.dtype.itemsize]
+    # OR of the bits of the format's explicit mantissa (the top `explicit`
+    # bits of the host type's mantissa field): every one is used.
+    field = bits & type(bits[0])((1 << native) - 1)
+    used = int(np.bitwise_or.reduce(field)) >> (native - explicit)
+    assert used == (1 << explicit) - 1
+    assert (a < 0).any() and (a > 0).any()
+    # Eight binades, and a ninth where rounding to nearest carries into 1.
+    assert len(np.unique(np.floor(np.log2(np.abs(a))))) in (8, 9)

@@ -334,13 +334,17 @@ class CanaryAgent:
             self._bursts[key] = count + 1
             seed = self._config.seed + count % self._config.seed_rotation
             self._schedule = schedule.started(self._schedule, key, now, idle[key])
-            self._submit(key, self._request(key, self._suite(key, seed)), None)
+            self._submit(key, self._request(key, self._suite(key, seed, now)), None)
 
-    def _suite(self, key: str, seed: int) -> tuple[CanarySpec, ...]:
+    def _suite(self, key: str, seed: int, now: float) -> tuple[CanarySpec, ...]:
         if key == schedule.HOST:
             return host_suite(seed)
         assert self._gpu_backend is not None
-        return default_suite(self._gpu_backend, seed, self._config.seed, self._config.hbm_bytes)
+        # The full-mantissa GEMMs' seed rotates with the wall-clock slot, the
+        # same on every GPU (and node) in it, so their digests can agree.
+        config = self._config
+        slot_seed = config.seed + int(now // config.interval) % config.seed_rotation
+        return default_suite(self._gpu_backend, seed, slot_seed, config.hbm_bytes)
 
     def _request(self, target: str, specs: tuple[CanarySpec, ...]) -> BurstRequest:
         config = self._config

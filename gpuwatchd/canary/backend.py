@@ -53,7 +53,7 @@ class Backend(Protocol):
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         """A @ B with operands in `fmt` and an fp32 (fp64 for fp64) output;
-        `a` and `b` are float64 arrays of values representable in `fmt`."""
+        `a` and `b` are float arrays of values representable in `fmt`."""
         ...
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun: ...

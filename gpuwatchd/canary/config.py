@@ -55,8 +55,9 @@ class CanaryConfig:
     software_ratio: float = 0.5
     # Seeds of the known-answer canaries cycle through `seed_rotation` values
     # from `seed`, so their references (cached per seed) are computed only a
-    # few times; the full-mantissa GEMM always uses `seed`, so its result
-    # can be compared across GPUs and across runs.
+    # few times; the full-mantissa GEMMs' seed cycles through as many with
+    # the wall-clock slot of `interval`, the same on every GPU at a time, so
+    # their results can be compared across GPUs and across runs.
     seed: int = 1
     seed_rotation: int = 16
     # The HBM pattern test covers at most this much of a GPU's memory, and at

@@ -28,7 +28,9 @@ def scope(result: CanaryResult) -> str | None:
     if result.digest is None or result.environment is None:
         return None
     shape = "x".join(map(str, result.shape))
-    return f"{result.environment} | {result.canary} {shape} seed {result.seed}"
+    # `inputs 2`: the generator of the operands (gemm.random_gemm); a new
+    # one starts afresh rather than mismatching every GPU.
+    return f"{result.environment} | inputs 2 | {result.canary} {shape} seed {result.seed}"
 
 
 @dataclass(frozen=True)

@@ -244,11 +244,12 @@ def _gemm_bounded(backend: Backend, spec: CanarySpec, context: RunContext) -> Ev
     m, k, n = spec.shape
     a, b = random_gemm(fmt, (m, k, n), spec.seed)
     run = backend.gemm(fmt, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
     cores = _reference_cores(context)
     comparison = Comparison(width=run.output.dtype.itemsize * 8)
     for start in range(0, m, BOUNDED_ROWS):
         rows = slice(start, start + BOUNDED_ROWS)
-        part = _bounded_rows(spec, a[rows], b, run.output[rows], error_bound(fmt, k), cores)
+        part = _bounded_rows(spec, a64[rows], b64, run.output[rows], error_bound(fmt, k), cores)
         comparison = comparison.merge(_offset(part, start * n))
     return Evidence(comparison, spec.shape, device_seconds=run.seconds)
 
