@@ -46,6 +46,7 @@ SMALL_SUITE = (
     *(CanarySpec("gemm_random", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),
     *(CanarySpec("gemm_bounded", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),
     *(CanarySpec(kind, "u64", (4096,), 2) for kind in HBM_KINDS),
+    *(CanarySpec("gemm_burn", dtype, (64, 64, 64, 3), 1) for dtype in RANDOM_GEMM_DTYPES),
 )
 UUID = "GPU-3f2c9a10-007b-4e2d-9c1a-5b6e7f809112"
 

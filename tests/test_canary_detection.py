@@ -126,6 +126,15 @@ def test_the_bounded_rerun_catches_flips_beyond_rounding(mode: str, dtype: str) 
     assert run_canary(stand_in(), spec, RunContext(gpu=0)).result == "pass"
 
 
+def test_sustained_gemms_catch_a_fault_that_comes_and_goes_between_products() -> None:
+    spec = CanarySpec("gemm_burn", "bf16", (*CPU_SIZE.gemm_random, 4), 1)
+    assert run_canary(stand_in(), spec, RunContext(gpu=0)).result == "pass"
+    hot = FaultyBackend(stand_in(), FaultSpec("intermittent", seed=2), HOT_CELSIUS)
+    result = run_canary(hot, spec, RunContext(gpu=1))
+    assert result.result == "mismatch"
+    assert "repeated products differed from the first" in (result.message or "")
+
+
 def test_a_fault_free_backend_passes_every_canary(sibling_results: list[CanaryResult]) -> None:
     assert [r.canary for r in sibling_results if r.result != "pass"] == []
 

@@ -95,6 +95,8 @@ NOT_EXPORTED_HERE = {
     "gpuwatchd_webhook_outbox_pending",
     "gpuwatchd_gpu_retired_pages",
     "gpuwatchd_gpu_retired_pages_pending",
+    # Only for GPUs the canaries cannot run on; the demo's GPUs run them all.
+    "gpuwatchd_canary_unchecked_since_timestamp_seconds",
 }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import BackendError, DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.backend import BackendError, BurnRun, DeviceInfo, GemmRun, ThreadRun
 from gpuwatchd.canary.chains import (
     CUDA_SOURCE,
     THREADS_PER_BLOCK,
@@ -112,16 +112,42 @@ class CudaBackend:
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         cp = self._cp
-        (m, k), n = a.shape, b.shape[1]
+        device_a, device_b = cp.asarray(_host_operand(fmt, a)), cp.asarray(_host_operand(fmt, b))
+        output = cp.empty((a.shape[0], b.shape[1]), dtype=fmt.output_dtype)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        self._gemm_into(fmt, device_a, device_b, output)
+        stop.record()
+        stop.synchronize()
+        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
+        return GemmRun(output=cp.asnumpy(output), seconds=seconds)
+
+    def gemm_repeat(
+        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+    ) -> BurnRun:
+        cp = self._cp
+        device_a, device_b = cp.asarray(_host_operand(fmt, a)), cp.asarray(_host_operand(fmt, b))
+        first = cp.empty((a.shape[0], b.shape[1]), dtype=fmt.output_dtype)
+        later = cp.empty_like(first)
+        differing = cp.zeros((), dtype=cp.int32)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        self._gemm_into(fmt, device_a, device_b, first)
+        for _ in range(repeats - 1):
+            # Compared on the device, without a sync: the GPU stays busy.
+            self._gemm_into(fmt, device_a, device_b, later)
+            differing += (later != first).any()
+        stop.record()
+        stop.synchronize()
+        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
+        return BurnRun(output=cp.asnumpy(first), differing=int(differing), seconds=seconds)
+
+    def _gemm_into(self, fmt: NumberFormat, device_a: Any, device_b: Any, output: Any) -> None:
+        (m, k), n = device_a.shape, device_b.shape[1]
         operand_type, compute_type = GEMM_TYPES[fmt.name]
         wide = fmt.output_dtype == np.float64
         scale = np.float64 if compute_type == CUBLAS_COMPUTE_64F else np.float32
         alpha, beta = np.ones(1, dtype=scale), np.zeros(1, dtype=scale)
-        device_a = cp.asarray(_host_operand(fmt, a))
-        device_b = cp.asarray(_host_operand(fmt, b))
-        output = cp.empty((m, n), dtype=fmt.output_dtype)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
         # cuBLAS is column-major: the row-major C = A @ B is the column-major
         # C^T = B^T @ A^T, so B goes first and every leading dimension is a
         # row length.
@@ -146,10 +172,6 @@ class CudaBackend:
             compute_type,
             CUBLAS_GEMM_DEFAULT,
         )
-        stop.record()
-        stop.synchronize()
-        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
-        return GemmRun(output=cp.asnumpy(output), seconds=seconds)
 
     def _threads(self, kernel: str, threads: int, *tables: NDArray[Any], dtype: Any) -> ThreadRun:
         cp = self._cp

@@ -14,6 +14,7 @@ Kind = Literal[
     "gemm_exact",
     "gemm_random",
     "gemm_bounded",
+    "gemm_burn",
     "int_chain",
     "fma_chain",
     "hbm_walking_ones",
@@ -36,8 +37,8 @@ BackendKind = Literal["cuda", "cpu"]
 
 @dataclass(frozen=True)
 class CanarySpec:
-    """One canary: `shape` is (m, k, n) for a GEMM, (threads, steps) for a
-    chain and (words,) for an HBM pattern test."""
+    """One canary: `shape` is (m, k, n) for a GEMM, (m, k, n, repeats) for a
+    burn, (threads, steps) for a chain and (words,) for an HBM pattern test."""
 
     kind: Kind
     dtype: str
@@ -104,6 +105,19 @@ def default_suite(
             for dtype in RANDOM_GEMM_DTYPES
         ),
         *(CanarySpec(kind, "u64", (words,), seed) for kind in HBM_KINDS),
+    )
+
+
+# `gpuwatchd canary --long`: sustained GEMMs at full power, each burst
+# `repeats` back-to-back products of one randomized input, per format.
+LONG_GEMM = {"cuda": (8192, 8192, 8192, 50), "cpu": (192, 192, 192, 3)}
+
+
+def long_suite(backend: BackendKind, seed: int) -> tuple[CanarySpec, ...]:
+    """One burst of the burn-in tier: every format's full-mantissa GEMM,
+    repeated on the device, with inputs of `seed`."""
+    return tuple(
+        CanarySpec("gemm_burn", dtype, LONG_GEMM[backend], seed) for dtype in RANDOM_GEMM_DTYPES
     )
 
 

@@ -51,11 +51,10 @@ log = logging.getLogger(__name__)
 # Evidence keeps at most this many distinct SMs and lanes (a broken SM can
 # spoil every thread it ran).
 MAX_LOCATIONS = 64
-# TFLOP/s is reported only for GEMMs at least this big: smaller ones are
-# bound by launch latency, and their rate says nothing about the GPU.
-MIN_TFLOPS_FLOP = 2 * 2048**3
 # gemm_bounded compares this many rows at a time (bounds host memory).
 BOUNDED_ROWS = 512
+# gemm_burn checks this many rows of its first product against the bound.
+BURN_SAMPLE_ROWS = 32
 
 
 class HostReferenceError(RuntimeError):
@@ -198,13 +197,9 @@ def _gemm_exact(backend: Backend, spec: CanarySpec, context: RunContext) -> Evid
     # split-K fix-up is undocumented (IEEE gives +0): -0 and +0 are one answer.
     output = run.output + run.output.dtype.type(0)
     known = _known_answer(context, spec, output, lambda: exact_reference(fmt, inputs))
-    return Evidence(
-        known.comparison,
-        spec.shape,
-        tflops=_tflops(spec.shape, run.seconds),
-        device_seconds=run.seconds,
-        note=known.note,
-    )
+    # No TFLOP/s: a GEMM this thin is bound by launch latency, its rate says
+    # nothing about the GPU (only the full-mantissa GEMMs report one).
+    return Evidence(known.comparison, spec.shape, device_seconds=run.seconds, note=known.note)
 
 
 def _gemm_random(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
@@ -279,10 +274,37 @@ def _bounded_rows(
     return compare_values(output, expected)
 
 
+def _gemm_burn(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    """Sustained GEMMs: every product bit-identical to the first (one
+    library call sequence on one device), the first against the fp64 bound
+    on sampled rows (the whole reference would take the host minutes)."""
+    fmt = FORMATS[spec.dtype]
+    m, k, n, repeats = spec.shape
+    a, b = random_gemm(fmt, (m, k, n), spec.seed)
+    run = backend.gemm_repeat(fmt, a, b, repeats)
+    b64 = b.astype(np.float64)
+    cores = _reference_cores(context)
+    rows = np.random.default_rng([6, spec.seed]).choice(m, min(m, BURN_SAMPLE_ROWS), replace=False)
+    comparison = Comparison(width=run.output.dtype.itemsize * 8)
+    for row in sorted(int(r) for r in rows):
+        only = slice(row, row + 1)
+        part = _bounded_rows(
+            spec, a[only].astype(np.float64), b64, run.output[only], error_bound(fmt, k), cores
+        )
+        comparison = comparison.merge(_offset(part, row * n))
+    comparison = dataclasses.replace(comparison, count=comparison.count + run.differing)
+    note = f"{run.differing} of {repeats - 1} repeated products differed from the first"
+    return Evidence(
+        comparison,
+        spec.shape,
+        tflops=_tflops((m, k, n), run.seconds / repeats),
+        device_seconds=run.seconds,
+        note=note if run.differing else None,
+    )
+
+
 def _tflops(shape: tuple[int, ...], seconds: float) -> float | None:
-    if seconds <= 0 or flop_count(shape) < MIN_TFLOPS_FLOP:
-        return None
-    return flop_count(shape) / seconds / 1e12
+    return flop_count(shape) / seconds / 1e12 if seconds > 0 else None
 
 
 def _thread_evidence(
@@ -332,6 +354,7 @@ _RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = 
         "gemm_exact": _gemm_exact,
         "gemm_random": _gemm_random,
         "gemm_bounded": _gemm_bounded,
+        "gemm_burn": _gemm_burn,
         "int_chain": _int_chain,
         "fma_chain": _fma_chain,
         **{kind: _hbm for kind in PATTERN_TESTS},

@@ -12,6 +12,7 @@ from cupy import cuda
 from cupy._memory import DeviceArray, register
 
 __version__ = "13.6.0"
+int32 = np.int32
 uint32 = np.uint32
 uint64 = np.uint64
 flatnonzero = np.flatnonzero
@@ -23,6 +24,14 @@ def asarray(values: Any, dtype: Any = None) -> DeviceArray:
 
 def empty(shape: Any, dtype: Any = float) -> DeviceArray:
     return register(np.empty(shape, dtype=dtype).view(DeviceArray))
+
+
+def empty_like(array: Any) -> DeviceArray:
+    return empty(array.shape, dtype=array.dtype)
+
+
+def zeros(shape: Any, dtype: Any = float) -> DeviceArray:
+    return register(np.zeros(shape, dtype=dtype).view(DeviceArray))
 
 
 def arange(*args: Any, dtype: Any = None) -> DeviceArray:
