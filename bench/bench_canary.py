@@ -1,12 +1,19 @@
-"""How long one canary burst takes on the CPU backend, and what share of a
-GPU's time the default schedule gives the canaries.
+"""How long one canary burst takes on the CPU backend, what share of a
+GPU's time the default schedule gives the canaries, and the host-side work
+of a CUDA-sized burst.
 
 Runs the suite the CPU backend runs for a (simulated) GPU: in this process,
 to time the canaries themselves, and in a worker process as the daemon runs
 it, to time the whole burst with the process start. Then one burst on the
 host's cores. The duty cycle is burst time over the default interval.
 
-    python bench/bench_canary.py [--repeat N]
+`--cuda-host` times what the host does for each canary of the CUDA-sized
+suite (default_suite("cuda")) around the GPU's work, which needs no GPU:
+making the inputs, the reference (cold: computed; warm: cached by default),
+and hashing an output of the canary's size. Device time, wall time with a
+CUDA context and GPU memory need a GPU: scripts/sdc-gpu-check.py.
+
+    python bench/bench_canary.py [--repeat N] [--cuda-host]
 """
 
 from __future__ import annotations
@@ -17,9 +24,21 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+
+from gpuwatchd.canary.chains import (
+    FMA_FORMATS,
+    fma_chain_inputs,
+    fma_chain_reference,
+    int_chain_inputs,
+    int_chain_reference,
+)
 from gpuwatchd.canary.config import CanaryConfig
+from gpuwatchd.canary.formats import FORMATS
+from gpuwatchd.canary.gemm import exact_gemm, exact_reference, random_gemm
 from gpuwatchd.canary.runner import BurstRequest, run_burst
-from gpuwatchd.canary.spec import default_suite, host_suite
+from gpuwatchd.canary.spec import CanarySpec, default_suite, host_suite
+from gpuwatchd.canary.suite import digest
 from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import SystemClock
 
@@ -33,10 +52,75 @@ def timed(run: Callable[[], object], repeat: int) -> list[float]:
     return durations
 
 
+def cuda_host_work() -> None:
+    """Host seconds per canary of the CUDA-sized suite (one run each)."""
+    config = CanaryConfig()
+    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
+    print("CUDA-sized suite, host work per canary (s): inputs, reference cold, output digest")
+    totals = [0.0, 0.0, 0.0]
+    for spec in suite:
+        inputs, reference, output = host_steps(spec)
+        row = [_time(inputs), _time(reference) if reference else 0.0, _time(output)]
+        totals = [t + r for t, r in zip(totals, row, strict=True)]
+        print(f"  {spec.name:<28} {row[0]:7.3f} {row[1]:7.3f} {row[2]:7.3f}")
+    print(f"  {'total':<28} {totals[0]:7.3f} {totals[1]:7.3f} {totals[2]:7.3f}")
+    print(
+        f"  per burst with cached references: {totals[0] + totals[2]:.2f} s host, "
+        f"first burst of a seed {sum(totals):.2f} s"
+    )
+
+
+def _time(step: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def host_steps(
+    spec: CanarySpec,
+) -> tuple[Callable[[], object], Callable[[], object] | None, Callable[[], object]]:
+    """(inputs, reference or None, digest of an output) of one canary."""
+    if spec.kind in ("gemm_exact", "gemm_random"):
+        fmt = FORMATS[spec.dtype]
+        m, k, n = spec.shape
+        size = np.zeros((m, n), dtype=fmt.output_dtype)
+        if spec.kind == "gemm_random":
+            return (lambda: random_gemm(fmt, (m, k, n), spec.seed)), None, lambda: digest(size)
+        inputs = exact_gemm(fmt, (m, k, n), spec.seed)
+        return (
+            (lambda: exact_gemm(fmt, (m, k, n), spec.seed)),
+            (lambda: exact_reference(fmt, inputs)),
+            (lambda: digest(size)),
+        )
+    if spec.kind in ("int_chain", "fma_chain"):
+        threads, steps = spec.shape
+        values = np.zeros(threads, dtype=np.float64)
+        if spec.kind == "int_chain":
+            chain = int_chain_inputs(threads, steps, spec.seed)
+            return (
+                (lambda: int_chain_inputs(threads, steps, spec.seed)),
+                (lambda: int_chain_reference(chain)),
+                (lambda: digest(values)),
+            )
+        fmt_chain = FMA_FORMATS[spec.dtype]
+        fma = fma_chain_inputs(fmt_chain, threads, steps, spec.seed)
+        return (
+            (lambda: fma_chain_inputs(fmt_chain, threads, steps, spec.seed)),
+            (lambda: fma_chain_reference(fma)),
+            (lambda: digest(values)),
+        )
+    return (lambda: None), None, lambda: None  # HBM: patterns made and checked on the device
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
-    repeat = parser.parse_args().repeat
+    parser.add_argument("--cuda-host", action="store_true")
+    args = parser.parse_args()
+    if args.cuda_host:
+        cuda_host_work()
+        return
+    repeat = args.repeat
     config = CanaryConfig()
     clock = SystemClock()
     gpu = BurstRequest(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
 from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, FaultSpec, sdc_faults
+from gpuwatchd.canary.modes import read_modes
 from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
@@ -45,17 +46,27 @@ def build_canary(
         config.canary.backend, simulated=scenario is not None, probe_timeout=config.canary.timeout
     )
     log.info("canaries: %s", why)
-    digests = os.path.join(config.daemon.state_dir, "canary-digests.json")
+    state_dir = config.daemon.state_dir
+    digests = os.path.join(state_dir, "canary-digests.json")
+    # References and CuPy's kernels live in the state directory: the only
+    # place the systemd unit lets the daemon write.
+    canary_config = config.canary
+    if canary_config.reference_cache is None:
+        references = os.path.join(state_dir, "canary-references")
+        canary_config = replace(canary_config, reference_cache=references)
+    kernels = os.path.join(state_dir, "cupy-kernel-cache")
     cores = os.sched_getaffinity(0)
     if scenario is None:
         return CanaryAgent(
-            config.canary,
+            canary_config,
             clock,
             gpu_backend=backend,
             host_cores=cores,
             digest_path=digests,
             runner=runner,
             executor=executor,
+            modes=read_modes,
+            kernel_cache=kernels,
         )
     start = clock.now()
 
@@ -63,7 +74,7 @@ def build_canary(
         return sdc_faults(scenario, clock.now() - start).get(gpu, ())
 
     return CanaryAgent(
-        config.canary,
+        canary_config,
         clock,
         gpu_backend=backend,
         host_cores=cores,
@@ -72,6 +83,8 @@ def build_canary(
         digest_path=digests,
         runner=runner,
         executor=executor,
+        modes=read_modes,
+        kernel_cache=kernels,
     )
 
 

@@ -101,6 +101,8 @@ class Daemon:
         self._polls = 0
         self.store = open_store(config.daemon.state_dir)
         self._persisted = self.store.persistent
+        if canary is not None:
+            canary.keep_history(self.store)
         now = clock.now()
         self.boot_id = _boot_id(boot_id_path)
         self._write(lambda: self.store.record_boot(self.boot_id, now))

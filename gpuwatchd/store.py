@@ -150,6 +150,17 @@ MIGRATIONS: tuple[str, ...] = (
         data TEXT NOT NULL
     );
     """,
+    # The canaries' mismatch history (canary/confirm.py: Mismatch), which
+    # confirms an intermittent fault across restarts.
+    """
+    CREATE TABLE canary_mismatches (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        target TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX canary_mismatches_time ON canary_mismatches (time);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -280,6 +291,24 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    # --- canary mismatch history ----------------------------------------------
+
+    def canary_mismatches(self, since: float) -> list[dict[str, Any]]:
+        """The canaries' mismatch records from `since` on, oldest first."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT data FROM canary_mismatches WHERE time >= ? ORDER BY id", (since,)
+            ).fetchall()
+        return [json.loads(row[0]) for row in rows]
+
+    def record_canary_mismatches(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Append mismatch records (each with `time` and `target`)."""
+        with self._writing() as db:
+            db.executemany(
+                "INSERT INTO canary_mismatches (time, target, data) VALUES (?, ?, ?)",
+                [(row["time"], row["target"], json.dumps(dict(row))) for row in rows],
+            )
 
     # --- policy state and quarantines ---------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,9 +16,11 @@ from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook
 from gpuwatchd.canary.export import families
 from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
 from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.model import GpuSample, Severity, XidEvent
+from gpuwatchd.store import Store
 
 T = TypeVar("T")
 POLL = 10.0
@@ -92,7 +94,7 @@ def test_a_gpu_with_a_consistent_wrong_answer_is_confirmed_within_three_polls() 
     assert "gpuwatchd_canary_runs" in names and "gpuwatchd_canary_tflops" in names
 
 
-def test_a_fault_that_does_not_reproduce_is_watched_then_confirmed() -> None:
+def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() -> None:
     clock = FakeClock()
     bursts = {"gpu 1": 0}
 
@@ -100,22 +102,43 @@ def test_a_fault_that_does_not_reproduce_is_watched_then_confirmed() -> None:
         if gpu != 1:
             return ()
         bursts["gpu 1"] += 1
-        # The first burst and the watched one after the re-run see the fault.
-        return (FaultSpec("lsb"),) if bursts["gpu 1"] in (1, 3) else ()
+        return (FaultSpec("lsb"),) if bursts["gpu 1"] == 1 else ()
 
-    config = CanaryConfig(host_cores=False, watch_interval=60.0)
-    canaries = agent(clock, first_burst_only, config)
+    store = Store.in_memory()
+    canaries = agent(clock, first_burst_only, CanaryConfig(host_cores=False))
+    canaries.keep_history(store)
     node = gpus(3)
     for _ in range(3):
         view = canaries.poll(node)
         clock.advance(POLL)
-    assert [f.code for f in view.findings] == ["sdc_suspected"]
-    # Watched: the next burst comes after the watch interval, not the regular one.
-    clock.advance(60.0)
-    canaries.poll(node)
-    clock.advance(POLL)
-    [finding] = canaries.poll(node).findings
-    assert finding.code == "sdc_confirmed"
+    # Every canary of the burst went wrong, the re-run on gpu:1 did not,
+    # and the sibling computed every one of them right: eight mismatches of
+    # gpu:1's own.
+    [finding] = view.findings
+    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 8
+    # The history is in the state database, for the next daemon.
+    records = store.canary_mismatches(since=0.0)
+    assert len(records) == 8 and {r["target"] for r in records} == {"gpu:1"}
+    restarted = agent(clock, config=CanaryConfig(host_cores=False))
+    restarted.keep_history(store)
+    assert restarted._confirm.history == canaries._confirm.history
+
+
+def test_a_mismatch_history_that_cannot_be_read_starts_afresh() -> None:
+    class Broken:
+        def canary_mismatches(self, since: float) -> list[dict[str, Any]]:
+            raise OSError("disk I/O error")
+
+        def record_canary_mismatches(self, rows: Sequence[Mapping[str, Any]]) -> None:
+            raise OSError("disk I/O error")
+
+    clock = FakeClock()
+    canaries = agent(clock, on_gpu_1("consistent"))
+    canaries.keep_history(Broken())
+    for _ in range(3):
+        view = canaries.poll(gpus(3))
+        clock.advance(POLL)
+    assert [f.code for f in view.findings] == ["sdc_confirmed"]
 
 
 def test_busy_gpus_are_left_alone_when_canaries_run_only_on_idle_ones() -> None:
@@ -166,7 +189,7 @@ def test_agreed_digests_outlive_the_agent(tmp_path: Path) -> None:
     clock.advance(POLL)
     canaries.poll(gpus(3))
     book = DigestBook.from_json(path.read_text())
-    assert len(book.reference) == 2  # the fp32 and bf16 full-mantissa GEMMs
+    assert len(book.reference) == len(RANDOM_GEMM_DTYPES)  # the full-mantissa GEMMs
     # A restarted agent judges a lone bad GPU against them at once.
     clock = FakeClock()
     restarted = agent(clock, on_gpu_1("lane"), digest_path=str(path))

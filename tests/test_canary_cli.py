@@ -9,6 +9,7 @@ import click
 from click.testing import CliRunner
 
 from gpuwatchd.canary.cli import canary
+from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
 
 
 def scenario(tmp_path: Path, faults: str = "", gpus: int = 3) -> str:
@@ -29,7 +30,7 @@ def run(*args: str) -> tuple[int, str]:
 def test_a_healthy_simulated_node_passes(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, gpus=2))
     assert code == 0, output
-    assert output.splitlines()[-1] == "all 26 canaries passed"
+    assert output.splitlines()[-1] == "all 32 canaries passed"
     assert "gpu 1  gemm_exact_fp16" in output
 
 
@@ -80,6 +81,26 @@ def test_what_cannot_run_exits_2(tmp_path: Path) -> None:
     bad_mode = scenario(tmp_path, "  - {at: 0s, kind: sdc, gpu: 0, mode: cosmic}\n")
     code, output = run("--simulate", bad_mode)
     assert code == 2 and "unknown mode 'cosmic'" in output
+
+
+def test_long_runs_sustained_gemms_in_every_format(tmp_path: Path) -> None:
+    code, output = run("--simulate", scenario(tmp_path, gpus=2), "--long", "0s", "--json")
+    assert code == 0, output
+    results = json.loads(output)
+    assert {r["canary"] for r in results} == {f"gemm_burn_{d}" for d in RANDOM_GEMM_DTYPES}
+    assert {r["gpu"] for r in results} == {0, 1} and all(r["result"] == "pass" for r in results)
+
+
+def test_long_stops_at_a_wrong_answer(tmp_path: Path) -> None:
+    # A lane fault spoils every product alike: the sampled fp64 check of
+    # the first one sees it, in the first round.
+    code, output = run("--simulate", scenario(tmp_path, SDC_ON_GPU_1), "--gpu", "1", "--long", "1h")
+    assert code == 1, output
+    assert "gemm_burn_fp32" in output and "mismatch" in output
+
+
+def test_long_needs_a_duration_and_a_gpu(tmp_path: Path) -> None:
+    assert run("--simulate", scenario(tmp_path), "--long", "forever")[0] == 2
 
 
 def test_a_built_in_scenario_runs_by_name() -> None:

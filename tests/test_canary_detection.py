@@ -32,6 +32,7 @@ from gpuwatchd.canary.gemm import exact_gemm
 from gpuwatchd.canary.inject import FAULTY_LANE, FAULTY_SM, FaultyBackend, flip_mask
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.spec import (
+    CPU_SIZE,
     EXACT_GEMM_DTYPES,
     RANDOM_GEMM_DTYPES,
     CanarySpec,
@@ -99,6 +100,39 @@ def test_each_fault_class_is_caught_by_the_canaries_meant_to_catch_it(
 ) -> None:
     missed = MEANT_TO_CATCH[mode] - detected(mode, sibling_results)
     assert not missed, f"{mode} faults went unnoticed by {sorted(missed)}"
+
+
+# The re-run of a full-mantissa GEMM's digest mismatch (confirm.rerun_spec):
+# what it confirms, against an fp64 error bound. A flip within rounding
+# error (lsb) passes it: such a GPU is watched, never confirmed, by the
+# digest alone.
+BOUNDED_CATCHES: Mapping[str, bool] = {
+    "lane": True,
+    "sm": True,
+    "consistent": True,
+    "intermittent": True,
+    "data": True,
+    "lsb": False,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(BOUNDED_CATCHES))
+@pytest.mark.parametrize("dtype", RANDOM_GEMM_DTYPES)
+def test_the_bounded_rerun_catches_flips_beyond_rounding(mode: str, dtype: str) -> None:
+    faulty = FaultyBackend(stand_in(), FaultSpec(mode, seed=11), temperature_celsius=HOT_CELSIUS)
+    spec = CanarySpec("gemm_bounded", dtype, CPU_SIZE.gemm_random, 1)
+    caught = run_canary(faulty, spec, RunContext(gpu=1)).result == "mismatch"
+    assert caught == BOUNDED_CATCHES[mode]
+    assert run_canary(stand_in(), spec, RunContext(gpu=0)).result == "pass"
+
+
+def test_sustained_gemms_catch_a_fault_that_comes_and_goes_between_products() -> None:
+    spec = CanarySpec("gemm_burn", "bf16", (*CPU_SIZE.gemm_random, 4), 1)
+    assert run_canary(stand_in(), spec, RunContext(gpu=0)).result == "pass"
+    hot = FaultyBackend(stand_in(), FaultSpec("intermittent", seed=2), HOT_CELSIUS)
+    result = run_canary(hot, spec, RunContext(gpu=1))
+    assert result.result == "mismatch"
+    assert "repeated products differed from the first" in (result.message or "")
 
 
 def test_a_fault_free_backend_passes_every_canary(sibling_results: list[CanaryResult]) -> None:

@@ -67,7 +67,9 @@ def test_when_idle_a_busy_gpu_waits() -> None:
 def test_when_always_a_busy_gpu_runs_within_the_duty_cycle() -> None:
     # 0.5 % of an hour is 18 s: eighteen one-second bursts, then no more until
     # the oldest leave the window.
-    config = CanaryConfig(when="always", interval=60.0, duty_cycle=0.005, duty_window=3600.0)
+    config = CanaryConfig(
+        when="always", interval=60.0, duty_cycle=0.005, duty_window=3600.0, aligned_window=0.0
+    )
     busy = {"gpu:0": False}
     state = ScheduleState()
     now = T0
@@ -81,11 +83,41 @@ def test_when_always_a_busy_gpu_runs_within_the_duty_cycle() -> None:
 
 
 def test_idle_bursts_are_not_charged_to_the_duty_cycle() -> None:
-    config = CanaryConfig(when="always", interval=60.0, duty_cycle=0.005)
+    config = CanaryConfig(when="always", interval=60.0, duty_cycle=0.005, aligned_window=0.0)
     state = ScheduleState()
     for step in range(30):
         state = run(config, state, "gpu:0", T0 + 60 * step, idle=True)
     assert due(config, state, T0 + 1800, {"gpu:0": False}, ()) == ("gpu:0",)
+
+
+def test_busy_bursts_start_in_the_first_seconds_of_a_wall_clock_slot() -> None:
+    config = CanaryConfig(interval=600.0, aligned_window=30.0)
+    busy = {"gpu:0": False}
+    slot = 1_000_200.0  # a multiple of 600
+    assert due(config, ScheduleState(), slot - 100, busy, ()) == ()
+    assert due(config, ScheduleState(), slot - 100, {"gpu:0": True}, ()) == ("gpu:0",)
+    assert due(config, ScheduleState(), slot + 29, busy, ()) == ("gpu:0",)
+    assert due(config, ScheduleState(), slot + 30, busy, ()) == ()
+    state = run(config, ScheduleState(), "gpu:0", slot + 2, idle=False)
+    assert due(config, state, slot + 10, busy, ()) == ()  # once a slot
+    # The next slot, even a little earlier in it than the last burst.
+    assert due(config, state, slot + 600, busy, ()) == ("gpu:0",)
+
+
+def test_nodes_that_started_apart_burst_in_the_same_slot() -> None:
+    # Two daemons started at different times, i.e. two nodes of one job:
+    # their busy bursts fall into the same 30 s of every interval.
+    config = CanaryConfig(interval=600.0, aligned_window=30.0)
+    busy = {"gpu:0": False}
+    starts = []
+    for offset in (0.0, 17.0):
+        state = ScheduleState()
+        now = 1_000_000.0 + offset
+        while not due(config, state, now, busy, ()):
+            now += 5.0
+        starts.append(now)
+    assert all(start % 600 < 30 for start in starts)
+    assert abs(starts[0] - starts[1]) < 30
 
 
 def test_a_watched_gpu_runs_at_the_watch_interval() -> None:

@@ -75,6 +75,7 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_gpu_clock_drift_ratio",
         "gpuwatchd_gpu_throttle_ratio",
         # Canaries
+        "gpuwatchd_canary_unchecked_since_timestamp_seconds",
         "gpuwatchd_canary_runs_total",
         "gpuwatchd_canary_last_pass_timestamp_seconds",
         "gpuwatchd_canary_duration_seconds",

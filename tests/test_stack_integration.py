@@ -96,6 +96,8 @@ NOT_EXPORTED_HERE = {
     "gpuwatchd_scheduler_drain_withheld",
     "gpuwatchd_gpu_retired_pages",
     "gpuwatchd_gpu_retired_pages_pending",
+    # Only for GPUs the canaries cannot run on; the demo's GPUs run them all.
+    "gpuwatchd_canary_unchecked_since_timestamp_seconds",
 }
 
 

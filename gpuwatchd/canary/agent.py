@@ -8,6 +8,11 @@ confirmation), starts the confirmation re-runs and the bursts that are due,
 and returns the findings and the stats to export. It never blocks on a
 burst: bursts run in worker processes, waited on by a thread pool.
 
+Before a burst or re-run starts on a GPU, the GPU's modes are read through
+NVML (modes.py): a GPU whose compute mode, MIG or MPS state or free memory
+rules a burst out gets none, and /metrics says why. Each GPU's mismatch
+history is kept in the state database (`keep_history`).
+
 Holds the only mutable canary state of the daemon; every decision in it is
 made by the pure functions of schedule.py, crosscheck.py and confirm.py.
 """
@@ -19,20 +24,31 @@ import os
 import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
+
+import pynvml
 
 from gpuwatchd.canary import schedule
 from gpuwatchd.canary.config import CanaryConfig
-from gpuwatchd.canary.confirm import ConfirmState, Rerun, findings, observe, observe_rerun
+from gpuwatchd.canary.confirm import (
+    ConfirmState,
+    Mismatch,
+    Rerun,
+    findings,
+    observe,
+    observe_rerun,
+)
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import FaultSpec
+from gpuwatchd.canary.modes import GpuModes, ModeReader, skip_reason
 from gpuwatchd.canary.result import Telemetry, TelemetrySource, failed
 from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, fail_on_xids, run_burst
 from gpuwatchd.canary.spec import BackendKind, CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.stats import CanaryStats
+from gpuwatchd.canary.wire import WireError, from_wire
 from gpuwatchd.clock import Clock
 from gpuwatchd.model import Finding, GpuSample, XidEvent
 
@@ -51,6 +67,14 @@ class BurstRunner(Protocol):
         clock: Clock,
         telemetry: TelemetrySource,
     ) -> BurstOutcome: ...
+
+
+class MismatchLog(Protocol):
+    """Where the GPUs' mismatch history persists (the state database)."""
+
+    def canary_mismatches(self, since: float) -> list[dict[str, Any]]: ...
+
+    def record_canary_mismatches(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -96,13 +120,17 @@ class CanaryAgent:
         digest_path: str | None = None,
         runner: BurstRunner = run_burst,
         executor: Executor | None = None,
+        modes: ModeReader | None = None,
+        kernel_cache: str | None = None,
     ) -> None:
         """`gpu_backend` checks the GPUs (None: no GPU canaries, see
         runner.choose_gpu_backend); `host_cores` are checked in turn when
         config.host_cores is on; `stand_in` and `faults` serve simulation;
         `digest_path` keeps the agreed full-mantissa digests across restarts;
         `runner` and `executor` are where bursts run (a worker process each,
-        waited on by a thread pool)."""
+        waited on by a thread pool); `modes` reads a GPU's modes before each
+        burst (None: not read, for tests without NVML); `kernel_cache` is
+        where CuPy keeps compiled kernels (None: in the worker's memory)."""
         self._config = config
         self._clock = clock
         self._gpu_backend = gpu_backend
@@ -111,6 +139,10 @@ class CanaryAgent:
         self._faults = faults
         self._digest_path = Path(digest_path) if digest_path else None
         self._runner = runner
+        self._modes = modes
+        self._kernel_cache = kernel_cache
+        self._unchecked: dict[int, tuple[str, float]] = {}
+        self._log: MismatchLog | None = None
         self._executor = executor or ThreadPoolExecutor(
             MAX_CONCURRENT_BURSTS, thread_name_prefix="canary"
         )
@@ -144,7 +176,36 @@ class CanaryAgent:
         self._collect(now, xid_events)
         self._start_reruns(now)
         self._start_due(now)
+        if self._gpu_backend is None:
+            # A node with GPUs and no working GPU backend: no silent pass.
+            for gpu in self._samples:
+                self._mark(gpu, "no_backend", now)
+        self._unchecked = {g: u for g, u in self._unchecked.items() if g in self._samples}
+        self._stats = replace(self._stats, unchecked=MappingProxyType(dict(self._unchecked)))
         return CanaryView(findings(self._confirm, now), self._stats)
+
+    def keep_history(self, store: MismatchLog) -> None:
+        """Keep the GPUs' mismatch history in `store` from now on, starting
+        from what it holds within the history window."""
+        self._log = store
+        since = self._clock.now() - self._config.history_window
+        try:
+            rows = store.canary_mismatches(since)
+        except Exception as error:  # an unreadable database: start afresh, say so
+            log.warning("cannot read the canary mismatch history: %s", error)
+            return
+        history: list[Mismatch] = []
+        for row in rows:
+            try:
+                history.append(from_wire(Mismatch, row))
+            except WireError as error:
+                log.warning("ignoring a canary mismatch record: %s", error)
+        self._confirm = replace(self._confirm, history=tuple(history))
+
+    def _mark(self, gpu: int, reason: str, now: float) -> None:
+        known = self._unchecked.get(gpu)
+        if known is None or known[0] != reason:
+            self._unchecked[gpu] = (reason, now)
 
     def close(self) -> None:
         """Start nothing more; running bursts end by their own timeout."""
@@ -193,6 +254,7 @@ class CanaryAgent:
                         result.result,
                         result.message or "",
                     )
+            before = self._confirm
             if job.rerun is None:
                 self._confirm, reruns = observe(self._confirm, results, now, self._config, targets)
             else:
@@ -200,9 +262,43 @@ class CanaryAgent:
                     self._confirm, job.rerun, results, now, self._config, targets
                 )
             self._reruns.extend(reruns)
+            self._record(before.history)
+            if self._confirm.rebaseline:
+                self._book = self._book.forget(self._confirm.rebaseline)
+                self._save_digests(self._book)
+                self._confirm = replace(self._confirm, rebaseline=frozenset())
             self._schedule = schedule.finished(
                 self._config, self._schedule, key, now, outcome.device_seconds
             )
+
+    def _record(self, before: Sequence[Mismatch]) -> None:
+        known = set(before)
+        new = [asdict(m) for m in self._confirm.history if m not in known]
+        if not new or self._log is None:
+            return
+        try:
+            self._log.record_canary_mismatches(new)
+        except Exception as error:  # the database is down: the history stays in memory
+            log.warning("cannot keep the canary mismatch history: %s", error)
+
+    def _may_start(self, key: str, now: float, idle: bool) -> bool:
+        """Whether the GPU's modes let a burst or re-run start now; marks
+        the reason on /metrics when not."""
+        if key == schedule.HOST or self._modes is None:
+            return True
+        gpu = int(key.split(":")[1])
+        modes: GpuModes | None
+        try:
+            modes = self._modes(gpu)
+        except pynvml.NVMLError as error:
+            log.warning("cannot read the modes of GPU %d: %s", gpu, error)
+            modes = None
+        reason = skip_reason(modes, idle, self._config)
+        if reason is None:
+            self._unchecked.pop(gpu, None)
+            return True
+        self._mark(gpu, reason, now)
+        return False
 
     def _start_reruns(self, now: float) -> None:
         waiting: list[Rerun] = []
@@ -211,12 +307,19 @@ class CanaryAgent:
             key = schedule.schedule_key(rerun.target)
             if rerun.target not in targets:
                 continue  # gone from the node: its lead expires unsettled
-            if self._schedule.running(key):
+            idle = self._idle(key)
+            entry = self._schedule.of(key)
+            # A re-run is a burst like any other: `when: idle` and the duty
+            # budget hold; one that never gets its turn expires with its lead.
+            if entry.running or not schedule.may_use(self._config, entry, now, idle):
                 waiting.append(rerun)
                 continue
-            self._schedule = schedule.rerun_started(self._schedule, key, now, self._idle(key))
-            self._submit(key, self._request(rerun.target, (rerun.spec,)), rerun)
-        self._reruns = waiting
+            if not self._may_start(key, now, idle):
+                waiting.append(rerun)
+                continue
+            self._schedule = schedule.rerun_started(self._schedule, key, now, idle)
+            self._submit(key, self._request(rerun.target, rerun.specs), rerun)
+        self._reruns = [r for r in waiting if r.suspect in self._confirm.leads]
 
     def _start_due(self, now: float) -> None:
         keys = {t for t in self._targets() if t.startswith("gpu:")}
@@ -225,17 +328,23 @@ class CanaryAgent:
         idle = {key: self._idle(key) for key in keys}
         watching = self._confirm.watched(now)
         for key in schedule.due(self._config, self._schedule, now, idle, watching):
+            if not self._may_start(key, now, idle[key]):
+                continue
             count = self._bursts.get(key, 0)
             self._bursts[key] = count + 1
             seed = self._config.seed + count % self._config.seed_rotation
             self._schedule = schedule.started(self._schedule, key, now, idle[key])
-            self._submit(key, self._request(key, self._suite(key, seed)), None)
+            self._submit(key, self._request(key, self._suite(key, seed, now)), None)
 
-    def _suite(self, key: str, seed: int) -> tuple[CanarySpec, ...]:
+    def _suite(self, key: str, seed: int, now: float) -> tuple[CanarySpec, ...]:
         if key == schedule.HOST:
             return host_suite(seed)
         assert self._gpu_backend is not None
-        return default_suite(self._gpu_backend, seed, self._config.seed, self._config.hbm_bytes)
+        # The full-mantissa GEMMs' seed rotates with the wall-clock slot, the
+        # same on every GPU (and node) in it, so their digests can agree.
+        config = self._config
+        slot_seed = config.seed + int(now // config.interval) % config.seed_rotation
+        return default_suite(self._gpu_backend, seed, slot_seed, config.hbm_bytes)
 
     def _request(self, target: str, specs: tuple[CanarySpec, ...]) -> BurstRequest:
         config = self._config
@@ -264,6 +373,7 @@ class CanaryAgent:
             fault_draw=self._draws,
             reference_cache=config.reference_cache,
             hbm_free_fraction=config.hbm_free_fraction,
+            kernel_cache=self._kernel_cache,
         )
 
     def _submit(self, key: str, request: BurstRequest, rerun: Rerun | None) -> None:

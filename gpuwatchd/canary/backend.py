@@ -42,6 +42,13 @@ class GemmRun:
 
 
 @dataclass(frozen=True, eq=False)
+class BurnRun:
+    output: NDArray[Any]  # the first product
+    differing: int  # later products not bit-identical to the first
+    seconds: float  # all of them, on the device
+
+
+@dataclass(frozen=True, eq=False)
 class ThreadRun:
     values: NDArray[Any]  # (threads,)
     units: NDArray[Any]  # (threads,) the SM (GPU) or core (CPU) that ran it; -1 unknown
@@ -53,7 +60,14 @@ class Backend(Protocol):
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         """A @ B with operands in `fmt` and an fp32 (fp64 for fp64) output;
-        `a` and `b` are float64 arrays of values representable in `fmt`."""
+        `a` and `b` are float arrays of values representable in `fmt`."""
+        ...
+
+    def gemm_repeat(
+        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+    ) -> BurnRun:
+        """A @ B `repeats` times back to back on the device (one library
+        call sequence, so every product must be bit-identical to the first)."""
         ...
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun: ...

@@ -17,13 +17,15 @@ subcommand of `gpuwatchd` through `main.add_command(canary)`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 import click
@@ -31,12 +33,14 @@ import click
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, sdc_faults
+from gpuwatchd.canary.modes import nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
-from gpuwatchd.canary.runner import BurstRequest, ProbedGpu, probe_cuda, run_burst
-from gpuwatchd.canary.spec import default_suite, host_suite
+from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
+from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.units import parse_duration
 
 EXIT_PASS = 0
 EXIT_MISMATCH = 1
@@ -44,6 +48,9 @@ EXIT_CANNOT_RUN = 2
 # How long finding out whether CUDA is there may take (CuPy's import and the
 # driver's start).
 PROBE_TIMEOUT_S = 60.0
+# Hard limit on one round of `--long` on one GPU (its inputs, five formats'
+# sustained GEMMs and the sampled fp64 check).
+LONG_TIMEOUT_S = 600.0
 
 
 class CannotRun(click.ClickException):
@@ -91,15 +98,28 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
     return Plan(requests, config.timeout)
 
 
+def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:
+    """NVML index -> UUID of the GPUs the CUDA backend checks. A node whose
+    GPUs NVML sees and CUDA cannot use is never passed silently."""
+    nvml = dict(nvml_gpus())
+    if backend == "cpu":
+        return {}
+    try:
+        probed = probe_cuda(PROBE_TIMEOUT_S)
+    except RuntimeError as error:
+        if nvml or backend == "cuda" or gpu != "all":
+            raise CannotRun(
+                f"{len(nvml)} GPU(s) and no working CUDA backend ({error}); "
+                "install gpuwatchd's cuda extra (README, Install)"
+            ) from error
+        return {}
+    if nvml and len(probed) != len(nvml):
+        raise CannotRun(f"NVML sees {len(nvml)} GPU(s), CUDA {len(probed)}")
+    return nvml or {g.index: None for g in probed}
+
+
 def _node_plan(gpu: str, backend: str, config: CanaryConfig) -> Plan:
-    probed: tuple[ProbedGpu, ...] = ()
-    if backend != "cpu":
-        try:
-            probed = probe_cuda(PROBE_TIMEOUT_S)
-        except RuntimeError as error:
-            if backend == "cuda" or gpu != "all":
-                raise CannotRun(str(error)) from error
-    uuids = {g.index: g.uuid for g in probed}
+    uuids = _cuda_gpus(backend, gpu)
     suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
     requests = [
         BurstRequest("cuda", suite, gpu=index, uuid=uuids[index])
@@ -163,6 +183,35 @@ def _run(plan: Plan, to: IO[str] | None) -> tuple[list[CanaryResult], list[Canar
     return list(judged), changed
 
 
+def _duration(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as error:
+        raise CannotRun(f"--long: {error}") from error
+
+
+def _burn(plan: Plan, seconds: float, to: IO[str] | None) -> list[CanaryResult]:
+    """Rounds of the burn-in tier on the plan's GPUs, until `seconds` have
+    passed (at least one round) or a round did not pass."""
+    gpus = [request for request in plan.requests if request.gpu is not None]
+    if not gpus:
+        raise CannotRun("--long runs on GPUs, and there is none to run on")
+    deadline = time.monotonic() + seconds
+    results: list[CanaryResult] = []
+    for seed in itertools.count(1):
+        specs = {request.gpu: long_suite(request.backend, seed) for request in gpus}
+        # Each round is a burst of its own: a simulated fault draws afresh.
+        round_plan = Plan(
+            tuple(replace(request, specs=specs[request.gpu], fault_draw=seed) for request in gpus),
+            max(plan.timeout, LONG_TIMEOUT_S),
+        )
+        done, _ = _run(round_plan, to)
+        results.extend(done)
+        if exit_status(done) != EXIT_PASS or time.monotonic() >= deadline:
+            break
+    return results
+
+
 def exit_status(results: Sequence[CanaryResult]) -> int:
     if any(result.result == "mismatch" for result in results):
         return EXIT_MISMATCH
@@ -193,7 +242,15 @@ def exit_status(results: Sequence[CanaryResult]) -> int:
     help="Run on a simulated node: a built-in scenario name or a scenario file.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
-def canary(gpu: str, backend: str, simulate: str | None, as_json: bool) -> None:
+@click.option(
+    "--long",
+    "burn",
+    metavar="DURATION",
+    help="Burn-in or a maintenance window: instead of the suite, sustained full-power GEMMs "
+    "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
+    "stops at the first wrong answer.",
+)
+def canary(gpu: str, backend: str, simulate: str | None, as_json: bool, burn: str | None) -> None:
     """Run the known-answer canary suite once and report every result."""
     config = CanaryConfig()
     if simulate is not None:
@@ -205,7 +262,10 @@ def canary(gpu: str, backend: str, simulate: str | None, as_json: bool) -> None:
     # Without --json the lines are the report (stdout); with it, progress
     # for a terminal only.
     to = sys.stdout if not as_json else (sys.stderr if sys.stderr.isatty() else None)
-    results, changed = _run(plan, to)
+    if burn is None:
+        results, changed = _run(plan, to)
+    else:
+        results, changed = _burn(plan, _duration(burn), to), []
     if as_json:
         click.echo(json.dumps([to_wire(result) for result in results], indent=1))
     else:

@@ -41,19 +41,23 @@ class CanaryConfig:
     duty_cycle: float = 0.005
     duty_window: Seconds = 3600.0
     # After a mismatch that did not reproduce, the GPU is watched: it runs a
-    # burst every `watch_interval` for `watch_for`, and a second mismatch in
-    # that time confirms the fault. An intermittent fault that shows about
-    # once an hour is then caught within a day of watching.
+    # burst every `watch_interval` for `watch_for` (idle, or within the duty
+    # budget when busy).
     watch_interval: Seconds = 60.0
     watch_for: Seconds = 86400.0
+    # A GPU's mismatches are kept in the state database this long; two of
+    # them on different canaries or seeds, each computed right by a sibling
+    # GPU on the same inputs, confirm a fault (docs/sdc.md, "Confirmation").
+    history_window: Seconds = 30 * 86400.0
     # The same canary failing on more than this share of the node's GPUs
     # within one `interval` is a software, driver or reference problem: an
     # alert, and no GPU is quarantined for it.
     software_ratio: float = 0.5
     # Seeds of the known-answer canaries cycle through `seed_rotation` values
     # from `seed`, so their references (cached per seed) are computed only a
-    # few times; the full-mantissa GEMM always uses `seed`, so its result
-    # can be compared across GPUs and across runs.
+    # few times; the full-mantissa GEMMs' seed cycles through as many with
+    # the wall-clock slot of `interval`, the same on every GPU at a time, so
+    # their results can be compared across GPUs and across runs.
     seed: int = 1
     seed_rotation: int = 16
     # The HBM pattern test covers at most this much of a GPU's memory, and at
@@ -63,12 +67,27 @@ class CanaryConfig:
     # Check the host's CPU cores too, each pinned in turn, this often.
     host_cores: bool = True
     host_interval: Seconds = 3600.0
-    # Where the digests of exact references are cached across bursts
-    # (a directory; None keeps them only for the life of a worker).
+    # Where the digests of exact references are cached across bursts (a
+    # directory); None is `canary-references` in the state directory.
     reference_cache: str | None = None
+    # A busy GPU with less free memory than this gets no burst: the burst's
+    # context, GEMMs and HBM slice would crowd out the job.
+    min_free_bytes: int = 4096 * MIB
+    # Bursts on busy GPUs start only in the first `aligned_window` seconds
+    # (at most half the interval) of a wall-clock slot of `interval` (every
+    # node's in the same second under NTP), so a job spanning many nodes stalls once per interval,
+    # not once per node (docs/sdc.md, "Cost"). 0 turns the alignment off.
+    aligned_window: Seconds = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("interval", "burst", "timeout", "duty_window", "watch_interval"):
+        for name in (
+            "interval",
+            "burst",
+            "timeout",
+            "duty_window",
+            "watch_interval",
+            "history_window",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be more than 0s")
         for name in ("idle_utilization", "duty_cycle", "hbm_free_fraction"):
@@ -78,7 +97,9 @@ class CanaryConfig:
             raise ValueError("software_ratio must be more than 0 and less than 1")
         if self.seed_rotation < 1:
             raise ValueError("seed_rotation must be at least 1")
-        if self.hbm_bytes < 0:
-            raise ValueError("hbm_bytes cannot be negative")
+        if self.hbm_bytes < 0 or self.min_free_bytes < 0:
+            raise ValueError("hbm_bytes and min_free_bytes cannot be negative")
+        if self.aligned_window < 0:
+            raise ValueError("aligned_window cannot be negative")
         if self.host_interval <= 0:
             raise ValueError("host_interval must be more than 0s")

@@ -2,20 +2,32 @@
 
 Pure functions of the state, the results and the time the caller passes in.
 
-- A mismatch opens a lead: the same inputs are re-run on the suspect and
-  once on a sibling (the next GPU of the node that is itself above doubt).
-- Reproduced on the suspect only: confirmed. A critical, definitive
-  `sdc_confirmed` finding, action inspect_hardware, so policy quarantines
-  the GPU (a hardware fault, never auto-released). It stays for the life of
-  this state.
-- Not reproduced (or the re-run failed to finish): the suspect is watched
-  for `watch_for`, with a burst every `watch_interval` and a warning
-  `sdc_suspected`; a second mismatch while watched confirms.
+- Every mismatching canary of a burst goes into one lead on its target: the
+  same inputs are re-run on the suspect and once on a sibling (the next GPU
+  of the node that is itself above doubt). A full-mantissa GEMM's digest
+  mismatch is re-run as `gemm_bounded`: the same product judged element by
+  element against an fp64 reference and an error bound that holds for any
+  summation order, so a configuration that changes cuBLAS's algorithm never
+  counts as a wrong answer.
+- Reproduced on the suspect and not on the sibling: confirmed. A critical,
+  definitive `sdc_confirmed` finding, action inspect_hardware, so policy
+  quarantines the GPU (a hardware fault, never auto-released).
+- Each mismatch the sibling computed right on the same inputs is kept in the
+  target's mismatch history (persisted by the caller); two of them on
+  different canaries or seeds within `history_window` confirm too. That is
+  what catches an intermittent fault that no single re-run reproduces.
+- No sibling (a single-GPU node, or every peer under doubt): nothing can
+  tell a GPU fault from a software or reference fault, so nothing confirms.
+  The suspect is watched, and `sdc_suspected` asks for an offline diagnostic.
+- Not reproduced: the suspect is watched for `watch_for`, with a burst every
+  `watch_interval` and a warning `sdc_suspected`.
 - Reproduced on the sibling too, or the same canary failing on more than
   `software_ratio` of the node's GPUs within one interval: a software,
   driver or reference problem. A warning `canary_software_fault` on the
   node, nobody quarantined; mismatches of that canary are not leads while
-  they keep coming (and for two intervals after the last).
+  they keep coming (and for two intervals after the last). A full-mantissa
+  GEMM that is a software fault, or whose digest differs within the error
+  bound, has its agreed digest dropped (`rebaseline`): it is agreed afresh.
 
 The host's CPU cores go through the same steps as `cpu:<core>` targets,
 with the findings on the node (a core that computes wrong makes the whole
@@ -35,31 +47,53 @@ from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.model import Action, Finding, Severity
 
 CHECK = "sdc"
+# What the suspect of a lead without a sibling should get instead of a verdict.
+OFFLINE_DIAGNOSTIC = "dcgmi diag -r 3"
+
+
+def rerun_spec(spec: CanarySpec) -> CanarySpec:
+    """How a mismatch is re-run: the same inputs; a full-mantissa GEMM's
+    digest mismatch against an fp64 reference and error bound instead."""
+    return replace(spec, kind="gemm_bounded") if spec.kind == "gemm_random" else spec
 
 
 @dataclass(frozen=True)
 class Rerun:
-    """Run `spec` on `target` to settle the lead on `suspect`."""
+    """Run `specs` on `target` to settle the lead on `suspect`."""
 
     target: str
-    spec: CanarySpec
+    specs: tuple[CanarySpec, ...]
     suspect: str
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One mismatch in a target's history (kept across restarts)."""
+
+    time: float
+    target: str
+    canary: str
+    seed: int
+    # The sibling ran the same inputs and passed: the inputs, the reference
+    # and the software are right, so the mismatch is the target's own.
+    sibling_clear: bool
+    reproduced: bool
+    uuid: str | None = None
 
 
 @dataclass(frozen=True)
 class Lead:
     suspect: str
-    evidence: CanaryResult
+    evidence: tuple[CanaryResult, ...]
     since: float
     sibling: str | None
-    suspect_outcome: Outcome | None = None
-    sibling_outcome: Outcome | None = None
-    sibling_result: CanaryResult | None = None
+    suspect_results: tuple[CanaryResult, ...] | None = None
+    sibling_results: tuple[CanaryResult, ...] | None = None
 
     @property
     def settled(self) -> bool:
-        return self.suspect_outcome is not None and (
-            self.sibling is None or self.sibling_outcome is not None
+        return self.suspect_results is not None and (
+            self.sibling is None or self.sibling_results is not None
         )
 
 
@@ -67,6 +101,9 @@ class Lead:
 class Watch:
     until: float
     evidence: CanaryResult
+    # Reproduced with no sibling to compare with: only an offline
+    # diagnostic can tell.
+    offline: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +130,11 @@ class ConfirmState:
     software: Mapping[str, SoftwareFault] = field(default_factory=_empty)
     # (time, target, canary) of the mismatches of the last interval.
     recent: tuple[tuple[float, str, str], ...] = ()
+    # Every target's mismatches within the history window, oldest first.
+    history: tuple[Mismatch, ...] = ()
+    # Full-mantissa canaries whose agreed digest must be agreed afresh (the
+    # caller drops it and clears this).
+    rebaseline: frozenset[str] = frozenset()
 
     def watched(self, now: float) -> frozenset[str]:
         return frozenset(t for t, watch in self.watching.items() if watch.until > now)
@@ -132,16 +174,19 @@ def _software_hold(config: CanaryConfig) -> float:
 
 def _expire(state: ConfirmState, now: float, config: CanaryConfig) -> ConfirmState:
     horizon = now - config.interval
-    stale = [t for t, lead in state.leads.items() if lead.since < horizon]
-    for target in stale:
-        # The re-runs never came back (the GPU vanished, the burst hung):
-        # as good as not reproduced.
-        state = _not_reproduced(state, state.leads[target], now, config)
+    stale = [lead for lead in state.leads.values() if lead.since < horizon]
+    for lead in stale:
+        # The re-runs never came back (the GPU vanished, the burst hung, the
+        # GPU never had time for them): settled with what did come back.
+        state = _judge(
+            state, replace(lead, suspect_results=lead.suspect_results or ()), now, config
+        )
     return replace(
         state,
         watching=MappingProxyType({t: w for t, w in state.watching.items() if w.until > now}),
         software=MappingProxyType({c: s for c, s in state.software.items() if s.until > now}),
         recent=tuple(entry for entry in state.recent if entry[0] > horizon),
+        history=tuple(m for m in state.history if m.time > now - config.history_window),
     )
 
 
@@ -162,8 +207,9 @@ def observe(
     for result in mismatches:
         state = _node_wide(state, result, now, config, targets)
     reruns: list[Rerun] = []
-    for result in mismatches:
-        state, new = _lead(state, result, now, config, targets)
+    for target in sorted({r.target for r in mismatches}):
+        mine = tuple(r for r in mismatches if r.target == target)
+        state, new = _lead(state, mine, now, config, targets)
         reruns.extend(new)
     return state, tuple(reruns)
 
@@ -195,32 +241,41 @@ def _software(
     fault = SoftwareFault(
         now + _software_hold(config), involved, known.evidence if known else evidence
     )
-    leads = [t for t, lead in state.leads.items() if lead.evidence.canary == evidence.canary]
+    leads = {
+        t: replace(lead, evidence=tuple(e for e in lead.evidence if e.canary != evidence.canary))
+        for t, lead in state.leads.items()
+    }
+    rebaseline = state.rebaseline
+    if evidence.kind == "gemm_random":
+        rebaseline = rebaseline | {evidence.canary}
     return replace(
         state,
         software=_put(state.software, evidence.canary, fault),
-        leads=_drop(state.leads, *leads),
+        leads=MappingProxyType({t: lead for t, lead in leads.items() if lead.evidence}),
+        rebaseline=rebaseline,
     )
 
 
 def _lead(
     state: ConfirmState,
-    result: CanaryResult,
+    results: tuple[CanaryResult, ...],
     now: float,
     config: CanaryConfig,
     targets: Sequence[str],
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
-    target = result.target
-    held = state.software.get(result.canary)
-    if held is not None:
-        return _software(state, result, (target,), now, config), ()
-    if target in state.confirmed or target in state.leads:
+    target = results[0].target
+    fresh: list[CanaryResult] = []
+    for result in results:
+        if result.canary in state.software:
+            state = _software(state, result, (target,), now, config)
+        else:
+            fresh.append(result)
+    if not fresh or target in state.confirmed or target in state.leads:
         return state, ()
-    if target in state.watched(now):
-        return _confirm(state, target, result), ()
     sibling = _sibling(state, target, targets)
-    lead = Lead(target, result, now, sibling)
-    reruns = tuple(Rerun(t, result.spec, target) for t in (target, sibling) if t is not None)
+    lead = Lead(target, tuple(fresh), now, sibling)
+    specs = tuple(rerun_spec(r.spec) for r in fresh)
+    reruns = tuple(Rerun(t, specs, target) for t in (target, sibling) if t is not None)
     return replace(state, leads=_put(state.leads, target, lead)), reruns
 
 
@@ -234,45 +289,89 @@ def observe_rerun(
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
     """Take the results of a re-run; settle its lead once both re-runs are in."""
     lead = state.leads.get(rerun.suspect)
-    if lead is None or lead.evidence.spec.name != rerun.spec.name:
+    if lead is None or not {rerun_spec(e.spec) for e in lead.evidence} & set(rerun.specs):
         return state, ()
-    answer = next((r for r in results if r.canary == rerun.spec.name), None)
-    outcome: Outcome = answer.result if answer is not None else "error"
     if rerun.target == lead.suspect:
-        lead = replace(lead, suspect_outcome=outcome)
-    else:
-        lead = replace(lead, sibling_outcome=outcome, sibling_result=answer)
+        lead = replace(lead, suspect_results=tuple(results))
+    elif rerun.target == lead.sibling:
+        lead = replace(lead, sibling_results=tuple(results))
     if not lead.settled:
         return replace(state, leads=_put(state.leads, lead.suspect, lead)), ()
-    return _settle(state, lead, now, config, targets)
+    state = _judge(state, lead, now, config)
+    return _sibling_leads(state, lead, now, config, targets)
 
 
-def _settle(
+def _outcome(results: tuple[CanaryResult, ...] | None, spec: CanarySpec) -> Outcome | None:
+    if results is None:
+        return None
+    answer = next((r for r in results if r.canary == spec.name and r.seed == spec.seed), None)
+    return answer.result if answer is not None else "error"
+
+
+def _judge(state: ConfirmState, lead: Lead, now: float, config: CanaryConfig) -> ConfirmState:
+    """Settle a lead: software faults, the history it adds, and the verdict."""
+    state = replace(state, leads=_drop(state.leads, lead.suspect))
+    entries: list[Mismatch] = []
+    reproduced_clear: CanaryResult | None = None
+    for evidence in lead.evidence:
+        spec = rerun_spec(evidence.spec)
+        mine, theirs = _outcome(lead.suspect_results, spec), _outcome(lead.sibling_results, spec)
+        if mine == "mismatch" and theirs == "mismatch":
+            assert lead.sibling is not None
+            state = _software(state, evidence, (lead.suspect, lead.sibling), now, config)
+            continue
+        if evidence.kind == "gemm_random" and mine == "pass":
+            # A different digest, yet within the error bound of an fp64
+            # reference: the algorithm changed (configuration), not the GPU.
+            state = replace(state, rebaseline=state.rebaseline | {evidence.canary})
+            continue
+        if evidence.kind == "gemm_random" and mine != "mismatch":
+            continue  # a digest alone is never evidence against a GPU
+        entry = Mismatch(
+            now,
+            lead.suspect,
+            evidence.canary,
+            evidence.seed,
+            sibling_clear=theirs == "pass",
+            reproduced=mine == "mismatch",
+            uuid=evidence.uuid,
+        )
+        entries.append(entry)
+        if entry.reproduced and entry.sibling_clear:
+            reproduced_clear = evidence
+    if not entries:
+        return state
+    state = replace(state, history=state.history + tuple(entries))
+    if reproduced_clear is not None:
+        return _confirm(state, lead.suspect, reproduced_clear)
+    if _history_confirms(state.history, lead.suspect):
+        return _confirm(state, lead.suspect, lead.evidence[-1])
+    offline = lead.sibling is None and any(e.reproduced for e in entries)
+    watch = Watch(now + config.watch_for, lead.evidence[0], offline)
+    return replace(state, watching=_put(state.watching, lead.suspect, watch))
+
+
+def _history_confirms(history: Sequence[Mismatch], target: str) -> bool:
+    """Two mismatches of the target's own (the sibling computed the same
+    inputs right) on different canaries or seeds."""
+    own = {(m.canary, m.seed) for m in history if m.target == target and m.sibling_clear}
+    return len(own) >= 2
+
+
+def _sibling_leads(
     state: ConfirmState, lead: Lead, now: float, config: CanaryConfig, targets: Sequence[str]
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
-    state = replace(state, leads=_drop(state.leads, lead.suspect))
-    sibling_mismatch = lead.sibling_outcome == "mismatch"
-    if lead.suspect_outcome == "mismatch" and sibling_mismatch:
-        assert lead.sibling is not None
-        return _software(state, lead.evidence, (lead.suspect, lead.sibling), now, config), ()
-    if lead.suspect_outcome == "mismatch":
-        return _confirm(state, lead.suspect, lead.evidence), ()
-    state = _not_reproduced(state, lead, now, config)
-    if sibling_mismatch and lead.sibling_result is not None:
-        # The sibling went wrong where the suspect did not: a lead of its own.
-        return _lead(state, lead.sibling_result, now, config, targets)
-    return state, ()
-
-
-def _not_reproduced(
-    state: ConfirmState, lead: Lead, now: float, config: CanaryConfig
-) -> ConfirmState:
-    watch = Watch(now + config.watch_for, lead.evidence)
-    return replace(
-        state,
-        leads=_drop(state.leads, lead.suspect),
-        watching=_put(state.watching, lead.suspect, watch),
+    """The sibling went wrong where the suspect did not: a lead of its own."""
+    if lead.sibling is None or not lead.sibling_results:
+        return state, ()
+    theirs = tuple(
+        r
+        for r in lead.sibling_results
+        if r.result == "mismatch" and _outcome(lead.suspect_results, r.spec) == "pass"
     )
+    if not theirs:
+        return state, ()
+    return _lead(state, theirs, now, config, targets)
 
 
 def _confirm(state: ConfirmState, target: str, evidence: CanaryResult) -> ConfirmState:
@@ -312,7 +411,7 @@ def evidence_of(result: CanaryResult) -> dict[str, float | int | str]:
     return evidence
 
 
-def _confirmed_finding(target: str, result: CanaryResult) -> Finding:
+def _confirmed_finding(target: str, result: CanaryResult, history: int) -> Finding:
     where = f"CPU core {result.cpu_core}" if result.cpu_core is not None else target
     return Finding(
         subject=_subject(target),
@@ -321,26 +420,34 @@ def _confirmed_finding(target: str, result: CanaryResult) -> Finding:
         severity=Severity.CRITICAL,
         message=(
             f"{where} computes wrong results: {result.canary} (seed {result.seed}) "
-            f"mismatched {result.mismatch_count} element(s) and did so again"
+            f"mismatched {result.mismatch_count} element(s); {history} mismatch(es) of its own "
+            "on record, where a sibling computed the same inputs right"
         ),
         action=Action.INSPECT_HARDWARE,
-        evidence=evidence_of(result),
+        evidence={**evidence_of(result), "mismatches_on_record": history},
         definitive=True,
     )
 
 
 def _suspected_finding(target: str, watch: Watch) -> Finding:
     result = watch.evidence
+    if watch.offline:
+        why = (
+            "and again on a re-run, with no sibling GPU to tell a GPU fault from a software "
+            f"or reference one; run an offline diagnostic ({OFFLINE_DIAGNOSTIC})"
+        )
+    else:
+        why = "but not on a re-run; watched with more frequent canaries"
+    evidence: dict[str, float | int | str] = {**evidence_of(result), "watch_until": watch.until}
+    if watch.offline:
+        evidence["offline_diagnostic"] = OFFLINE_DIAGNOSTIC
     return Finding(
         subject=_subject(target),
         check=CHECK,
         code="sdc_suspected",
         severity=Severity.WARN,
-        message=(
-            f"{target} mismatched once on {result.canary} (seed {result.seed}) but not on a "
-            "re-run; watched with more frequent canaries"
-        ),
-        evidence={**evidence_of(result), "watch_until": watch.until},
+        message=f"{target} mismatched on {result.canary} (seed {result.seed}) {why}",
+        evidence=evidence,
     )
 
 
@@ -365,7 +472,8 @@ def findings(state: ConfirmState, now: float) -> tuple[Finding, ...]:
 
 def _findings(state: ConfirmState, now: float) -> Iterator[Finding]:
     for target, result in sorted(state.confirmed.items()):
-        yield _confirmed_finding(target, result)
+        history = sum(m.target == target and m.sibling_clear for m in state.history)
+        yield _confirmed_finding(target, result, history)
     for target, watch in sorted(state.watching.items()):
         if watch.until > now and target not in state.confirmed:
             yield _suspected_finding(target, watch)

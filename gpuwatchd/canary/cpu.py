@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.backend import BurnRun, DeviceInfo, GemmRun, ThreadRun
 from gpuwatchd.canary.chains import (
     THREADS_PER_BLOCK,
     FmaChainInputs,
@@ -25,6 +25,7 @@ from gpuwatchd.canary.chains import (
     fma_chain,
     int_chain,
 )
+from gpuwatchd.canary.compare import as_bits
 from gpuwatchd.canary.formats import NumberFormat, quantize
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
 
@@ -57,7 +58,9 @@ class CpuBackend:
             backend="cpu",
             name=model,
             uuid=uuid,
-            environment=f"{model}; numpy {np.__version__}",
+            environment=f"{model}; {sm_count} SMs; numpy {np.__version__}"
+            if sm_count
+            else f"{model}; numpy {np.__version__}",
             sm_count=sm_count,
         )
 
@@ -72,6 +75,17 @@ class CpuBackend:
         start = time.perf_counter()
         output = qa @ qb
         return GemmRun(output=output, seconds=time.perf_counter() - start)
+
+    def gemm_repeat(
+        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+    ) -> BurnRun:
+        start = time.perf_counter()
+        first = self.gemm(fmt, a, b).output
+        differing = sum(
+            not np.array_equal(as_bits(self.gemm(fmt, a, b).output), as_bits(first))
+            for _ in range(repeats - 1)
+        )
+        return BurnRun(output=first, differing=differing, seconds=time.perf_counter() - start)
 
     def _units(self, threads: int) -> NDArray[np.int64]:
         if self._sm_count is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -28,7 +28,9 @@ def scope(result: CanaryResult) -> str | None:
     if result.digest is None or result.environment is None:
         return None
     shape = "x".join(map(str, result.shape))
-    return f"{result.environment} | {result.canary} {shape} seed {result.seed}"
+    # `inputs 2`: the generator of the operands (gemm.random_gemm); a new
+    # one starts afresh rather than mismatching every GPU.
+    return f"{result.environment} | inputs 2 | {result.canary} {shape} seed {result.seed}"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,18 @@ class DigestBook:
 
     def to_json(self) -> str:
         return json.dumps(dict(self.reference), indent=1, sort_keys=True)
+
+    def forget(self, canaries: Collection[str]) -> DigestBook:
+        """The book without what it agreed on and saw for `canaries`: their
+        digests are agreed afresh (a configuration or software change)."""
+
+        def kept(key: str) -> bool:
+            return not any(f"| {canary} " in key for canary in canaries)
+
+        return DigestBook(
+            MappingProxyType({k: v for k, v in self.reference.items() if kept(k)}),
+            MappingProxyType({k: v for k, v in self.latest.items() if kept(k)}),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> DigestBook:

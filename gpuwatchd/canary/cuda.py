@@ -3,9 +3,16 @@
 CuPy is an optional extra (`gpuwatchd[cuda]`) imported here only, when a
 backend is opened. GEMMs go through cublasGemmEx with the operand type and
 compute type of each format, so fp16, bf16 and tf32 run on the tensor cores
-and fp32 (pedantic: no TF32 shortcut) and fp64 on the regular units, all with
-an fp32 (fp64) output. The chains are RawKernels from chains.CUDA_SOURCE that
-record each thread's %smid; the HBM test is memory.ArrayRegion over CuPy.
+(HMMA), fp32 (pedantic: no TF32 shortcut) on the FP32 units and fp64 on the
+FP64 tensor cores (DMMA) of Ampere and later, all with an fp32 (fp64) output.
+The digest scope (`environment`) holds what cuBLAS's choice of algorithm,
+and so a full-mantissa result, depends on: the model, its SM count, the
+driver, runtime, cuBLAS and CuPy versions and the handle's math mode; the
+worker's environment (CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE) is
+pinned by the runner. The GPU's UUID is NVML's (the runner's): CuPy 13's
+`uuid` property stops at the first NUL byte of the UUID. The chains are
+RawKernels from chains.CUDA_SOURCE that record each thread's %smid; the HBM
+test is memory.ArrayRegion over CuPy.
 Only reads the GPU's state and runs work on it: it changes no setting.
 """
 
@@ -18,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import BackendError, DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.backend import BackendError, BurnRun, DeviceInfo, GemmRun, ThreadRun
 from gpuwatchd.canary.chains import (
     CUDA_SOURCE,
     THREADS_PER_BLOCK,
@@ -78,13 +85,6 @@ def _name(properties: Mapping[str, Any]) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def _format_uuid(raw: object) -> str | None:
-    if isinstance(raw, bytes) and len(raw) == 16:
-        h = raw.hex()
-        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-    return None
-
-
 class CudaBackend:
     def __init__(self, device: int) -> None:
         cupy, cublas = _import_cupy()
@@ -95,17 +95,14 @@ class CudaBackend:
         properties = runtime.getDeviceProperties(device)
         name = _name(properties)
         self._handle = cupy.cuda.device.get_cublas_handle()
+        sm_count = int(properties["multiProcessorCount"])
         environment = (
-            f"{name}; CUDA driver {runtime.driverGetVersion()}; "
+            f"{name}; {sm_count} SMs; CUDA driver {runtime.driverGetVersion()}; "
             f"runtime {runtime.runtimeGetVersion()}; cuBLAS {cublas.getVersion(self._handle)}; "
-            f"CuPy {cupy.__version__}"
+            f"CuPy {cupy.__version__}; default math mode"
         )
         self._info = DeviceInfo(
-            backend="cuda",
-            name=name,
-            uuid=_format_uuid(properties.get("uuid")),
-            environment=environment,
-            sm_count=int(properties["multiProcessorCount"]),
+            backend="cuda", name=name, uuid=None, environment=environment, sm_count=sm_count
         )
         self._module = cupy.RawModule(code=CUDA_SOURCE)
 
@@ -115,16 +112,42 @@ class CudaBackend:
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         cp = self._cp
-        (m, k), n = a.shape, b.shape[1]
+        device_a, device_b = cp.asarray(_host_operand(fmt, a)), cp.asarray(_host_operand(fmt, b))
+        output = cp.empty((a.shape[0], b.shape[1]), dtype=fmt.output_dtype)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        self._gemm_into(fmt, device_a, device_b, output)
+        stop.record()
+        stop.synchronize()
+        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
+        return GemmRun(output=cp.asnumpy(output), seconds=seconds)
+
+    def gemm_repeat(
+        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+    ) -> BurnRun:
+        cp = self._cp
+        device_a, device_b = cp.asarray(_host_operand(fmt, a)), cp.asarray(_host_operand(fmt, b))
+        first = cp.empty((a.shape[0], b.shape[1]), dtype=fmt.output_dtype)
+        later = cp.empty_like(first)
+        differing = cp.zeros((), dtype=cp.int32)
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        self._gemm_into(fmt, device_a, device_b, first)
+        for _ in range(repeats - 1):
+            # Compared on the device, without a sync: the GPU stays busy.
+            self._gemm_into(fmt, device_a, device_b, later)
+            differing += (later != first).any()
+        stop.record()
+        stop.synchronize()
+        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
+        return BurnRun(output=cp.asnumpy(first), differing=int(differing), seconds=seconds)
+
+    def _gemm_into(self, fmt: NumberFormat, device_a: Any, device_b: Any, output: Any) -> None:
+        (m, k), n = device_a.shape, device_b.shape[1]
         operand_type, compute_type = GEMM_TYPES[fmt.name]
         wide = fmt.output_dtype == np.float64
         scale = np.float64 if compute_type == CUBLAS_COMPUTE_64F else np.float32
         alpha, beta = np.ones(1, dtype=scale), np.zeros(1, dtype=scale)
-        device_a = cp.asarray(_host_operand(fmt, a))
-        device_b = cp.asarray(_host_operand(fmt, b))
-        output = cp.empty((m, n), dtype=fmt.output_dtype)
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
         # cuBLAS is column-major: the row-major C = A @ B is the column-major
         # C^T = B^T @ A^T, so B goes first and every leading dimension is a
         # row length.
@@ -149,10 +172,6 @@ class CudaBackend:
             compute_type,
             CUBLAS_GEMM_DEFAULT,
         )
-        stop.record()
-        stop.synchronize()
-        seconds = cp.cuda.get_elapsed_time(start, stop) / 1000.0
-        return GemmRun(output=cp.asnumpy(output), seconds=seconds)
 
     def _threads(self, kernel: str, threads: int, *tables: NDArray[Any], dtype: Any) -> ThreadRun:
         cp = self._cp
@@ -192,13 +211,12 @@ class CudaBackend:
         return int(free)
 
 
-def list_devices() -> list[tuple[int, str, str | None]]:
-    """(CUDA ordinal, name, UUID) of every GPU CUDA sees, in PCI bus order
-    when CUDA_DEVICE_ORDER=PCI_BUS_ID (the worker sets it)."""
+def list_devices() -> list[tuple[int, str]]:
+    """(CUDA ordinal, name) of every GPU CUDA sees, in PCI bus order when
+    CUDA_DEVICE_ORDER=PCI_BUS_ID (the worker sets it)."""
     cupy, _ = _import_cupy()
     runtime = cupy.cuda.runtime
-    devices = []
-    for ordinal in range(runtime.getDeviceCount()):
-        properties = runtime.getDeviceProperties(ordinal)
-        devices.append((ordinal, _name(properties), _format_uuid(properties.get("uuid"))))
-    return devices
+    return [
+        (ordinal, _name(runtime.getDeviceProperties(ordinal)))
+        for ordinal in range(runtime.getDeviceCount())
+    ]

@@ -11,6 +11,7 @@ mismatch is an increase from 0, not a new series that rate() cannot see.
     gpuwatchd_canary_tflops{gpu,canary}
     gpuwatchd_canary_bit_flips_total{gpu,canary}
     gpuwatchd_canary_cpu_runs_total{core,canary,result}
+    gpuwatchd_canary_unchecked_since_timestamp_seconds{gpu,reason}
 """
 
 from __future__ import annotations
@@ -103,3 +104,14 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
             count = stats.runs.get((f"cpu:{core}", canary, outcome), 0)
             cpu_runs.add_metric([core, canary, outcome], count)
     yield cpu_runs
+
+    unchecked = GaugeMetricFamily(
+        PREFIX + "unchecked_since_timestamp_seconds",
+        "Since when (Unix time) no canary runs on the GPU, and why: no_backend (no working "
+        "CUDA backend on a node with GPUs), exclusive_compute_mode (bursts belong in the "
+        "scheduler's prolog/epilog), compute_prohibited, mig, mps, low_free_memory, nvml.",
+        labels=["gpu", "reason"],
+    )
+    for number, (why, since) in sorted(stats.unchecked.items()):
+        unchecked.add_metric([str(number), why], since)
+    yield unchecked

@@ -76,7 +76,7 @@ def round_mantissa(
     return bits.astype(np.uint32).view(np.float32)
 
 
-def quantize(fmt: NumberFormat, values: NDArray[np.float64]) -> NDArray[np.floating[Any]]:
+def quantize(fmt: NumberFormat, values: NDArray[np.floating[Any]]) -> NDArray[np.floating[Any]]:
     """`values` converted to `fmt` as the hardware would see them (the CPU
     emulation), held in the smallest NumPy type that represents the format."""
     if fmt.name == "fp16":

@@ -15,11 +15,15 @@ implementation and +0 on another, which no known answer could pin down.
 The bound holds by construction: |b| <= 2^bits_b and the absolute row sums
 of A are at most 2^(acc - bits_b), so sum_k |a_ik * b_kj| <= 2^acc.
 
-The reference is computed exactly in int64 on the CPU, then scaled.
+The reference is computed in float64 on the CPU, then scaled: every
+partial sum is an integer of at most 53 bits by the bound, so float64 BLAS
+computes it exactly, in any order, in milliseconds.
 
 Full-mantissa GEMM: random operands using every significand bit; its result
 depends on the summation order (the library's algorithm), so it is judged by
 comparison across GPUs of one model and driver, not against a known answer.
+Its operands are built from random bit patterns (sign, an exponent in
+[-8, -1], every mantissa bit), which is fast enough to redo every burst.
 """
 
 from __future__ import annotations
@@ -104,22 +108,40 @@ def exact_gemm(fmt: NumberFormat, shape: tuple[int, int, int], seed: int) -> Exa
 
 
 def exact_reference(fmt: NumberFormat, gemm: ExactGemm) -> NDArray[np.floating[Any]]:
-    """A @ B, computed exactly in int64 and scaled, in the output format."""
-    sums = gemm.a_int @ gemm.b_int
+    """A @ B, computed exactly (float64, within the bound) and scaled, in
+    the output format."""
+    sums = gemm.a_int.astype(np.float64) @ gemm.b_int.astype(np.float64)
     exponents = gemm.row_scale[:, None] + gemm.col_scale[None, :]
     scaled: NDArray[np.float64] = np.ldexp(sums.astype(np.float64), exponents)
     return scaled.astype(fmt.output_dtype)
 
 
+def _random_operand(
+    rng: np.random.Generator, shape: tuple[int, int], wide: bool
+) -> NDArray[np.floating[Any]]:
+    """Random signs, exponents in [-8, -1] and every mantissa bit."""
+    if wide:
+        bits = rng.integers(0, (1 << 64) - 1, size=shape, dtype=np.uint64, endpoint=True)
+        exponent = (bits >> np.uint64(52)) % np.uint64(8) + np.uint64(1023 - 8)
+        pattern = bits & np.uint64((1 << 63) | ((1 << 52) - 1)) | exponent << np.uint64(52)
+        return pattern.view(np.float64)
+    words = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
+    exponent32 = (words >> np.uint32(23)) % np.uint32(8) + np.uint32(127 - 8)
+    pattern32 = words & np.uint32((1 << 31) | ((1 << 23) - 1)) | exponent32 << np.uint32(23)
+    return pattern32.view(np.float32)
+
+
 def random_gemm(
     fmt: NumberFormat, shape: tuple[int, int, int], seed: int
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Operands in [-1, 1) that use every significand bit of `fmt`."""
+) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
+    """Operands with magnitudes in [2^-8, 1) that use every significand bit
+    of `fmt`, in float32 (float64 for fp64)."""
     m, k, n = shape
     rng = _rng(2, fmt, shape, seed)
-    a = rng.uniform(-1.0, 1.0, size=(m, k))
-    b = rng.uniform(-1.0, 1.0, size=(k, n))
-    return quantize(fmt, a).astype(np.float64), quantize(fmt, b).astype(np.float64)
+    wide = fmt.significand_bits > 24
+    a = _random_operand(rng, (m, k), wide)
+    b = _random_operand(rng, (k, n), wide)
+    return quantize(fmt, a), quantize(fmt, b)
 
 
 def flop_count(shape: tuple[int, ...]) -> int:

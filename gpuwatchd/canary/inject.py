@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import Backend, BackendError, DeviceInfo, GemmRun, ThreadRun
+from gpuwatchd.canary.backend import (
+    Backend,
+    BackendError,
+    BurnRun,
+    DeviceInfo,
+    GemmRun,
+    ThreadRun,
+)
 from gpuwatchd.canary.chains import LANES, THREADS_PER_BLOCK, FmaChainInputs, IntChainInputs
 from gpuwatchd.canary.compare import Comparison, as_bits
 from gpuwatchd.canary.faults import FaultSpec
@@ -79,9 +86,29 @@ class FaultyBackend:
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         self._process_fault()
         run = self._inner.gemm(fmt, a, b)
+        return GemmRun(
+            output=self._corrupt(run.output, self._gemm_units(run.output)), seconds=run.seconds
+        )
+
+    def gemm_repeat(
+        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+    ) -> BurnRun:
+        self._process_fault()
+        run = self._inner.gemm_repeat(fmt, a, b, repeats)
+        units = self._gemm_units(run.output)
+        first = self._corrupt(run.output, units)
+        # Every product is corrupted afresh: a consistent fault the same way
+        # each time, an intermittent one by its own draw.
+        differing = sum(
+            not np.array_equal(as_bits(self._corrupt(run.output, units)), as_bits(first))
+            for _ in range(repeats - 1)
+        )
+        return BurnRun(output=first, differing=run.differing + differing, seconds=run.seconds)
+
+    def _gemm_units(self, output: NDArray[Any]) -> NDArray[Any]:
+        """The SM each output element is taken to come from (blocks in turn)."""
         sm_count = self._inner.info.sm_count or 1
-        units = (np.arange(run.output.size) // THREADS_PER_BLOCK) % sm_count
-        return GemmRun(output=self._corrupt(run.output, units), seconds=run.seconds)
+        return (np.arange(output.size) // THREADS_PER_BLOCK) % sm_count
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
         self._process_fault()

@@ -66,6 +66,8 @@ class CanaryResult:
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     message: str | None = None  # why it did not pass: the error, the timeout, the digest
+    # Device time measured with events (GEMMs); None where the backend cannot.
+    device_seconds: float | None = None
 
     @property
     def target(self) -> str:

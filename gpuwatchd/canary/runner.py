@@ -44,14 +44,24 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.model import XidEvent
 
 WORKER_MODULE = "gpuwatchd.canary.worker"
-# The worker's threads: one BLAS thread keeps pinning meaningful (a pinned
-# worker computes on its core alone) and results independent of thread count.
+# The worker's environment is pinned: of the daemon's it inherits only what
+# finds Python, the libraries and the driver, never what changes what CUDA,
+# cuBLAS or CuPy compute (NVIDIA_TF32_OVERRIDE, CUBLAS_WORKSPACE_CONFIG,
+# CUDA_VISIBLE_DEVICES, CUPY_TF32 ...), which would change a digest or
+# quietly turn a canary into another.
+INHERITED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "LANG", "TZ")
 WORKER_ENVIRONMENT: Mapping[str, str] = {
+    # One BLAS thread keeps pinning meaningful (a pinned worker computes on
+    # its core alone) and results independent of thread count.
     "OPENBLAS_NUM_THREADS": "1",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     # CUDA's device order is NVML's (and nvidia-smi's) only in PCI order.
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    # Never an MPS client: with no control daemon's pipe in this directory,
+    # CUDA runs without MPS, so the worker is never queued behind another
+    # user's MPS server until its timeout (modes.py skips GPUs MPS serves).
+    "CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/gpuwatchd-no-mps",
 }
 STDERR_TAIL_LINES = 20
 
@@ -77,6 +87,10 @@ class BurstRequest:
     fault_draw: int = 0
     reference_cache: str | None = None
     hbm_free_fraction: float = 0.05
+    # Where CuPy keeps its compiled kernels (CUPY_CACHE_DIR): under the state
+    # directory, the only place the systemd unit lets the daemon write;
+    # None keeps them in the worker's memory (CUPY_CACHE_IN_MEMORY).
+    kernel_cache: str | None = None
 
     def __post_init__(self) -> None:
         if not self.specs:
@@ -94,13 +108,31 @@ class BurstOutcome:
 
     @property
     def device_seconds(self) -> float:
-        """What the canaries took (the duty budget counts this)."""
-        return sum(result.duration_seconds for result in self.results)
+        """What the canaries took of the device (the duty budget counts this):
+        event-measured device time where the backend measured it, else the
+        canary's whole duration."""
+        return sum(
+            result.duration_seconds if result.device_seconds is None else result.device_seconds
+            for result in self.results
+        )
+
+
+def pinned_environment(kernel_cache: str | None) -> dict[str, str]:
+    """The worker's environment, the same whatever the daemon's."""
+    environment = {name: os.environ[name] for name in INHERITED if name in os.environ}
+    environment.update(WORKER_ENVIRONMENT)
+    if kernel_cache:
+        environment["CUPY_CACHE_DIR"] = kernel_cache
+    else:
+        environment["CUPY_CACHE_IN_MEMORY"] = "1"
+    return environment
 
 
 def worker_environment(request: BurstRequest) -> dict[str, str]:
-    environment = {**os.environ, **WORKER_ENVIRONMENT}
+    environment = pinned_environment(request.kernel_cache)
     if request.backend == "cuda":
+        # NVML's UUID names the very GPU NVML's index does; without one, the
+        # index in PCI order (CUDA_DEVICE_ORDER).
         device = request.uuid or (str(request.gpu) if request.gpu is not None else None)
         if device is not None:
             environment["CUDA_VISIBLE_DEVICES"] = device
@@ -281,9 +313,8 @@ def fail_on_xids(outcome: BurstOutcome, events: Iterable[XidEvent]) -> BurstOutc
 
 @dataclass(frozen=True)
 class ProbedGpu:
-    index: int
+    index: int  # CUDA's ordinal, in PCI bus order
     name: str
-    uuid: str | None
 
 
 def probe_cuda(timeout: float) -> tuple[ProbedGpu, ...]:
@@ -291,7 +322,7 @@ def probe_cuda(timeout: float) -> tuple[ProbedGpu, ...]:
     never initialised in the caller's process. Raises RuntimeError when
     CuPy, the driver or a GPU is missing."""
     deadline = time.monotonic() + timeout
-    worker = _Worker(["--probe"], {**os.environ, **WORKER_ENVIRONMENT}, "")
+    worker = _Worker(["--probe"], pinned_environment(None), "")
     gpus: list[ProbedGpu] = []
     try:
         while (line := worker.next_line(deadline)) is not None:

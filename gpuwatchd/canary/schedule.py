@@ -7,6 +7,11 @@ interval while it is watched), never while a burst of its own is running,
 and only when it may take the device's time: always when idle; when busy,
 only with `when: always` and while the bursts charged to it over the duty
 window, plus this one, fit in the duty cycle. Idle time is not charged.
+
+A busy GPU's burst is aligned to wall-clock slots of its interval: due once
+per slot, in the slot's first `aligned_window` seconds. Every node's clock
+(NTP) puts the slots in the same seconds, so a synchronous job across many
+nodes is stalled by all their bursts at once, once per slot.
 """
 
 from __future__ import annotations
@@ -84,11 +89,20 @@ def due(
         if entry.running:
             continue
         interval = interval_of(config, key, key in watching)
-        if entry.last_start is not None and now - entry.last_start < interval:
+        if _aligned(config, key, idle[key]):
+            slot = now - now % interval
+            late = now - slot >= min(config.aligned_window, interval / 2)
+            if late or (entry.last_start is not None and entry.last_start >= slot):
+                continue
+        elif entry.last_start is not None and now - entry.last_start < interval:
             continue
         if may_use(config, entry, now, idle[key]):
             ready.append(key)
     return tuple(ready)
+
+
+def _aligned(config: CanaryConfig, key: str, idle: bool) -> bool:
+    return not idle and key != HOST and config.aligned_window > 0
 
 
 def started(state: ScheduleState, key: str, now: float, idle: bool) -> ScheduleState:

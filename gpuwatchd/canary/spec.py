@@ -13,6 +13,8 @@ from typing import Literal
 Kind = Literal[
     "gemm_exact",
     "gemm_random",
+    "gemm_bounded",
+    "gemm_burn",
     "int_chain",
     "fma_chain",
     "hbm_walking_ones",
@@ -24,8 +26,10 @@ HBM_KINDS: tuple[Kind, ...] = ("hbm_walking_ones", "hbm_own_address", "hbm_movin
 # Input formats of the exact GEMMs: the three tensor-core formats and the two
 # of the regular FP32/FP64 units.
 EXACT_GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
-# The full-mantissa GEMM: FP32 on the regular units, BF16 on the tensor cores.
-RANDOM_GEMM_DTYPES = ("fp32", "bf16")
+# The full-mantissa GEMMs: every format, so every datapath sees operands
+# that use all their significand bits (and the rounding the exact GEMMs
+# never need).
+RANDOM_GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
 FMA_CHAIN_DTYPES = ("fp32", "fp64")
 
 BackendKind = Literal["cuda", "cpu"]
@@ -33,8 +37,8 @@ BackendKind = Literal["cuda", "cpu"]
 
 @dataclass(frozen=True)
 class CanarySpec:
-    """One canary: `shape` is (m, k, n) for a GEMM, (threads, steps) for a
-    chain and (words,) for an HBM pattern test."""
+    """One canary: `shape` is (m, k, n) for a GEMM, (m, k, n, repeats) for a
+    burn, (threads, steps) for a chain and (words,) for an HBM pattern test."""
 
     kind: Kind
     dtype: str
@@ -57,12 +61,15 @@ class SuiteSize:
     chain_steps: int
 
 
-# On a GPU: exact GEMMs big enough to fill the tensor cores yet cheap to check
-# on the host (the int64 reference of 512^3 takes ~0.4 s once per seed, then
-# its digest is cached); a 4096^3 full-mantissa GEMM for a meaningful TFLOP/s;
-# chains of 64k threads (every SM of an H100 busy) of 1024 dependent steps.
+# On a GPU: exact GEMMs of a short k and a wide output, 2048 x 2048 = 256
+# output tiles of 128 x 128, so every SM of a GPU of up to 256 SMs (an H100
+# has 132, a B200 148) runs the tensor cores; k = 16 leaves the operands of
+# A most of their significand (a long k forces them down to a few bits to
+# keep the sum exact). Their references are cached per seed. 4096^3
+# full-mantissa GEMMs for a meaningful TFLOP/s; chains of 64k threads of
+# 1024 dependent steps.
 CUDA_SIZE = SuiteSize(
-    gemm_exact=(512, 512, 512),
+    gemm_exact=(2048, 16, 2048),
     gemm_random=(4096, 4096, 4096),
     chain_threads=65536,
     chain_steps=1024,
@@ -98,6 +105,19 @@ def default_suite(
             for dtype in RANDOM_GEMM_DTYPES
         ),
         *(CanarySpec(kind, "u64", (words,), seed) for kind in HBM_KINDS),
+    )
+
+
+# `gpuwatchd canary --long`: sustained GEMMs at full power, each burst
+# `repeats` back-to-back products of one randomized input, per format.
+LONG_GEMM = {"cuda": (8192, 8192, 8192, 50), "cpu": (192, 192, 192, 3)}
+
+
+def long_suite(backend: BackendKind, seed: int) -> tuple[CanarySpec, ...]:
+    """One burst of the burn-in tier: every format's full-mantissa GEMM,
+    repeated on the device, with inputs of `seed`."""
+    return tuple(
+        CanarySpec("gemm_burn", dtype, LONG_GEMM[backend], seed) for dtype in RANDOM_GEMM_DTYPES
     )
 
 

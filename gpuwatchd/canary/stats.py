@@ -25,6 +25,9 @@ class CanaryStats:
     last_pass: Mapping[str, float] = field(default_factory=_empty)
     # (target, canary) -> its latest result.
     latest: Mapping[tuple[str, str], CanaryResult] = field(default_factory=_empty)
+    # GPU index -> (why no canary runs on it now, since when): the agent
+    # sets it every poll.
+    unchecked: Mapping[int, tuple[str, float]] = field(default_factory=_empty)
 
     def add(self, burst: Sequence[CanaryResult]) -> CanaryStats:
         """These stats with one burst's results counted in."""
@@ -47,4 +50,5 @@ class CanaryStats:
             mismatched_bits=MappingProxyType(bits),
             last_pass=MappingProxyType(last_pass),
             latest=MappingProxyType(latest),
+            unchecked=self.unchecked,
         )

@@ -4,12 +4,18 @@ Shared by every backend: inputs come from gemm.py and chains.py, the known
 answers from their exact references, the verdict from a bit-for-bit
 comparison. A reference is computed only when needed: its digest is cached
 per canary, shape and seed, so a passing run costs one hash of the output.
+Before an output is called wrong, its reference is computed again on a
+second host core: a host core that computes wrong (a mercurial core) makes
+the canary an `error`, never a GPU's mismatch.
 The full-mantissa GEMM has no known answer; its digest is judged later,
-across GPUs (crosscheck.py).
+across GPUs (crosscheck.py), and a digest mismatch is re-run as
+`gemm_bounded`: every element against an fp64 reference and an error bound
+that holds in any summation order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -34,7 +40,7 @@ from gpuwatchd.canary.chains import (
     int_chain_reference,
 )
 from gpuwatchd.canary.compare import Comparison, compare_values, mismatching_indices
-from gpuwatchd.canary.formats import FORMATS
+from gpuwatchd.canary.formats import FORMATS, NumberFormat
 from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count, random_gemm
 from gpuwatchd.canary.memory import PATTERN_TESTS, WORD_BYTES
 from gpuwatchd.canary.result import CanaryResult
@@ -45,6 +51,14 @@ log = logging.getLogger(__name__)
 # Evidence keeps at most this many distinct SMs and lanes (a broken SM can
 # spoil every thread it ran).
 MAX_LOCATIONS = 64
+# gemm_bounded compares this many rows at a time (bounds host memory).
+BOUNDED_ROWS = 512
+# gemm_burn checks this many rows of its first product against the bound.
+BURN_SAMPLE_ROWS = 32
+
+
+class HostReferenceError(RuntimeError):
+    """Two host cores computed different references: the host is wrong."""
 
 
 def digest(values: NDArray[Any]) -> str:
@@ -101,6 +115,9 @@ class RunContext:
     cpu_core: int | None = None
     # The HBM test takes at most this share of the device's free memory.
     hbm_free_fraction: float = 0.05
+    # The host cores a reference may be computed on (empty: wherever the
+    # worker runs, unchecked).
+    reference_cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,22 +129,63 @@ class Evidence:
     tflops: float | None = None
     digest: str | None = None
     environment: str | None = None
+    # Measured on the device (events), where the backend can: what the duty
+    # budget charges.
+    device_seconds: float | None = None
+    note: str | None = None
+
+
+def _reference_cores(context: RunContext) -> tuple[int | None, int | None]:
+    """Two host cores for a reference and its check, other than the core
+    under test where there are enough; None: wherever the worker runs."""
+    cores = [c for c in context.reference_cores if c != context.cpu_core]
+    cores = cores or list(context.reference_cores)
+    if not cores:
+        return None, None
+    return cores[0], cores[-1] if len(cores) > 1 else cores[0]
+
+
+def _on_core(core: int | None, compute: Callable[[], NDArray[Any]]) -> NDArray[Any]:
+    if core is None:
+        return compute()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        return compute()
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@dataclass(frozen=True)
+class KnownAnswer:
+    comparison: Comparison
+    expected: NDArray[Any] | None  # None when the cached digest matched
+    note: str | None = None  # where the reference was checked, for a mismatch
 
 
 def _known_answer(
-    cache: ReferenceCache,
+    context: RunContext,
     spec: CanarySpec,
     output: NDArray[Any],
     reference: Callable[[], NDArray[Any]],
-) -> tuple[Comparison, NDArray[Any] | None]:
-    """The comparison with the known answer, and the answer when it had to
-    be computed (None when the output's digest matched the cached one)."""
+) -> KnownAnswer:
+    """The comparison with the known answer. An output that differs from
+    the reference is compared only once a second core computed the same
+    reference; HostReferenceError when it did not."""
     key = cache_key(spec)
-    if cache.get(key) == digest(output):
-        return Comparison(width=output.dtype.itemsize * 8), None
-    expected = reference()
-    cache.put(key, digest(expected))
-    return compare_values(output, expected), expected
+    seen = digest(output)
+    if context.cache.get(key) == seen:
+        return KnownAnswer(Comparison(width=output.dtype.itemsize * 8), None)
+    first, second = _reference_cores(context)
+    expected = _on_core(first, reference)
+    expected_digest = digest(expected)
+    if expected_digest != seen:
+        check = _on_core(second, reference)
+        if digest(check) != expected_digest:
+            raise _host_fault(spec, (first, second))
+    context.cache.put(key, expected_digest)
+    note = None if expected_digest == seen else f"reference checked on cores {first}, {second}"
+    return KnownAnswer(compare_values(output, expected), expected, note)
 
 
 def _gemm_exact(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
@@ -135,10 +193,13 @@ def _gemm_exact(backend: Backend, spec: CanarySpec, context: RunContext) -> Evid
     m, k, n = spec.shape
     inputs = exact_gemm(fmt, (m, k, n), spec.seed)
     run = backend.gemm(fmt, inputs.a, inputs.b)
-    comparison, _ = _known_answer(
-        context.cache, spec, run.output, lambda: exact_reference(fmt, inputs)
-    )
-    return Evidence(comparison, spec.shape, tflops=_tflops(spec.shape, run.seconds))
+    # How an exact cancellation is signed inside a tensor core's adder or a
+    # split-K fix-up is undocumented (IEEE gives +0): -0 and +0 are one answer.
+    output = run.output + run.output.dtype.type(0)
+    known = _known_answer(context, spec, output, lambda: exact_reference(fmt, inputs))
+    # No TFLOP/s: a GEMM this thin is bound by launch latency, its rate says
+    # nothing about the GPU (only the full-mantissa GEMMs report one).
+    return Evidence(known.comparison, spec.shape, device_seconds=run.seconds, note=known.note)
 
 
 def _gemm_random(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
@@ -152,6 +213,93 @@ def _gemm_random(backend: Backend, spec: CanarySpec, context: RunContext) -> Evi
         tflops=_tflops(spec.shape, run.seconds),
         digest=digest(run.output),
         environment=backend.info.environment,
+        device_seconds=run.seconds,
+    )
+
+
+def error_bound(fmt: NumberFormat, k: int) -> float:
+    """Relative to sum |a*b|: how far a product of exact operands, summed
+    in any order in `fmt`'s accumulator (rounding or truncating each step),
+    and rounded to the output, may be from the exact answer."""
+    unit = 2.0 ** (1 - fmt.accumulator_bits)  # one ulp: truncation's worst case
+    return (k + 2) * unit + k * 2.0**-53  # and the fp64 reference's own error
+
+
+def _host_fault(spec: CanarySpec, cores: tuple[int | None, int | None]) -> HostReferenceError:
+    return HostReferenceError(
+        f"host cores {cores[0]} and {cores[1]} computed different references for "
+        f"{spec.name} seed {spec.seed}: a host CPU fault, not the device's"
+    )
+
+
+def _gemm_bounded(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    """The full-mantissa GEMM judged element by element: outside the error
+    bound of the fp64 reference is wrong in every summation order."""
+    fmt = FORMATS[spec.dtype]
+    m, k, n = spec.shape
+    a, b = random_gemm(fmt, (m, k, n), spec.seed)
+    run = backend.gemm(fmt, a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    cores = _reference_cores(context)
+    comparison = Comparison(width=run.output.dtype.itemsize * 8)
+    for start in range(0, m, BOUNDED_ROWS):
+        rows = slice(start, start + BOUNDED_ROWS)
+        part = _bounded_rows(spec, a64[rows], b64, run.output[rows], error_bound(fmt, k), cores)
+        comparison = comparison.merge(_offset(part, start * n))
+    return Evidence(comparison, spec.shape, device_seconds=run.seconds)
+
+
+def _offset(comparison: Comparison, offset: int) -> Comparison:
+    if comparison.first_index is None:
+        return comparison
+    return dataclasses.replace(comparison, first_index=comparison.first_index + offset)
+
+
+def _bounded_rows(
+    spec: CanarySpec,
+    a: NDArray[np.float64],
+    b: NDArray[np.float64],
+    output: NDArray[Any],
+    bound: float,
+    cores: tuple[int | None, int | None],
+) -> Comparison:
+    exact = _on_core(cores[0], lambda: a @ b)
+    scale = _on_core(cores[0], lambda: np.abs(a) @ np.abs(b))
+    bad = np.abs(output.astype(np.float64) - exact) > bound * scale
+    if not bad.any():
+        return Comparison(width=output.dtype.itemsize * 8)
+    if not np.array_equal(_on_core(cores[1], lambda: a @ b), exact):
+        raise _host_fault(spec, cores)
+    expected = np.where(bad, exact, output).astype(output.dtype)
+    return compare_values(output, expected)
+
+
+def _gemm_burn(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    """Sustained GEMMs: every product bit-identical to the first (one
+    library call sequence on one device), the first against the fp64 bound
+    on sampled rows (the whole reference would take the host minutes)."""
+    fmt = FORMATS[spec.dtype]
+    m, k, n, repeats = spec.shape
+    a, b = random_gemm(fmt, (m, k, n), spec.seed)
+    run = backend.gemm_repeat(fmt, a, b, repeats)
+    b64 = b.astype(np.float64)
+    cores = _reference_cores(context)
+    rows = np.random.default_rng([6, spec.seed]).choice(m, min(m, BURN_SAMPLE_ROWS), replace=False)
+    comparison = Comparison(width=run.output.dtype.itemsize * 8)
+    for row in sorted(int(r) for r in rows):
+        only = slice(row, row + 1)
+        part = _bounded_rows(
+            spec, a[only].astype(np.float64), b64, run.output[only], error_bound(fmt, k), cores
+        )
+        comparison = comparison.merge(_offset(part, row * n))
+    comparison = dataclasses.replace(comparison, count=comparison.count + run.differing)
+    note = f"{run.differing} of {repeats - 1} repeated products differed from the first"
+    return Evidence(
+        comparison,
+        spec.shape,
+        tflops=_tflops((m, k, n), run.seconds / repeats),
+        device_seconds=run.seconds,
+        note=note if run.differing else None,
     )
 
 
@@ -162,7 +310,8 @@ def _tflops(shape: tuple[int, ...], seconds: float) -> float | None:
 def _thread_evidence(
     spec: CanarySpec, context: RunContext, run: ThreadRun, reference: Callable[[], NDArray[Any]]
 ) -> Evidence:
-    comparison, expected = _known_answer(context.cache, spec, run.values, reference)
+    known = _known_answer(context, spec, run.values, reference)
+    comparison, expected = known.comparison, known.expected
     if comparison.count == 0 or expected is None:
         return Evidence(comparison, spec.shape)
     bad = mismatching_indices(run.values, expected)
@@ -173,6 +322,7 @@ def _thread_evidence(
         spec.shape,
         units=tuple(int(u) for u in units),
         lanes=tuple(int(lane) for lane in lanes),
+        note=known.note,
     )
 
 
@@ -203,6 +353,8 @@ _RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = 
     {
         "gemm_exact": _gemm_exact,
         "gemm_random": _gemm_random,
+        "gemm_bounded": _gemm_bounded,
+        "gemm_burn": _gemm_burn,
         "int_chain": _int_chain,
         "fma_chain": _fma_chain,
         **{kind: _hbm for kind in PATTERN_TESTS},
@@ -243,4 +395,6 @@ def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> Canar
         tflops=evidence.tflops,
         digest=evidence.digest,
         environment=evidence.environment,
+        device_seconds=evidence.device_seconds,
+        message=evidence.note,
     )

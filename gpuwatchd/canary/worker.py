@@ -66,7 +66,14 @@ def execute(request: BurstRequest, emit: Emit) -> None:
         for core in request.cpu_cores or (None,):
             if core is not None:
                 os.sched_setaffinity(0, {core})
-            context = RunContext(cache, request.gpu, request.uuid, core, request.hbm_free_fraction)
+            context = RunContext(
+                cache,
+                request.gpu,
+                request.uuid,
+                core,
+                request.hbm_free_fraction,
+                reference_cores=tuple(sorted(affinity)),
+            )
             for spec in request.specs:
                 emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
                 try:
@@ -119,8 +126,8 @@ def run_in_process(
 def probe(emit: Emit) -> None:
     from gpuwatchd.canary.cuda import list_devices
 
-    for index, name, uuid in list_devices():
-        emit(to_wire(ProbedGpu(index, name, uuid)))
+    for index, name in list_devices():
+        emit(to_wire(ProbedGpu(index, name)))
 
 
 def main(argv: list[str]) -> int:

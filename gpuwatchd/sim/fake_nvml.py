@@ -244,6 +244,23 @@ class _Export:
 
 
 @dataclass
+class DeviceModes:
+    """What a GPU's modes read, for the canaries' checks before a burst
+    (settable per GPU through `FakeNvml.modes`)."""
+
+    # nvmlComputeMode_t (nvml.h): 0 default, 1 exclusive thread, 2 prohibited,
+    # 3 exclusive process.
+    compute_mode: int = 0
+    # nvmlDeviceGetMigMode's current mode (NVML_DEVICE_MIG_ENABLE = 1); None:
+    # a GPU without MIG, which answers NVML_ERROR_NOT_SUPPORTED.
+    mig_mode: int | None = 0
+    # Process ids of the MPS clients on the GPU.
+    mps_pids: tuple[int, ...] = ()
+    memory_total: int = 80 * 1024**3
+    memory_used: int = 1024**3
+
+
+@dataclass
 class _EventSet:
     # Index of the next of the model's XIDs to look at: those before it came
     # before the set existed, or were delivered (or were not for its GPUs).
@@ -308,6 +325,8 @@ class FakeNvml:
         self._next_event_set = _EVENT_SET_BASE
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._previous_library: Any = None
+        # GPU index -> its modes (the default DeviceModes when absent).
+        self.modes: dict[int, DeviceModes] = {}
         self.library = _Library()
         self._exports = self._exports_table()
         for name in self._exports:
@@ -510,6 +529,10 @@ class FakeNvml:
                     ("nvmlDeviceGetNvLinkErrorCounter", (_U, _U, _P), self._nvlink_counter),
                     ("nvmlDeviceGetSupportedEventTypes", (_P,), self._supported_events),
                     ("nvmlDeviceRegisterEvents", (_ULL, _P), self._register_events),
+                    ("nvmlDeviceGetComputeMode", (_P,), self._compute_mode),
+                    ("nvmlDeviceGetMigMode", (_P, _P), self._mig_mode),
+                    ("nvmlDeviceGetMPSComputeRunningProcesses_v3", (_P, _P), self._mps),
+                    ("nvmlDeviceGetMemoryInfo", (_P,), self._memory_info),
                 )
             },
         }
@@ -660,6 +683,50 @@ class FakeNvml:
         struct = pynvml.c_nvmlUtilization_t.from_address(address)
         struct.gpu = state.utilization_gpu_percent
         struct.memory = state.utilization_memory_percent
+        return _SUCCESS
+
+    # -- modes the canaries read before a burst ----------------------------------
+
+    def _modes(self, gpu: int) -> DeviceModes:
+        return self.modes.get(gpu, DeviceModes())
+
+    def _compute_mode(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._modes(gpu).compute_mode)
+
+    def _mig_mode(self, gpu: int, current: int | None, pending: int | None) -> int:
+        mode = self._modes(gpu).mig_mode
+        if mode is None:
+            return _NOT_SUPPORTED
+        _put(ctypes.c_uint, current, mode)
+        return _put(ctypes.c_uint, pending, mode)
+
+    def _mps(self, gpu: int, count: int | None, infos: int | None) -> int:
+        # nvml.h: with *infoCount too small (or infos NULL) and processes
+        # running, NVML_ERROR_INSUFFICIENT_SIZE and the count needed; none
+        # running, NVML_SUCCESS and a count of 0.
+        pids = self._modes(gpu).mps_pids
+        if count is None:
+            return _INVALID_ARGUMENT
+        room = ctypes.c_uint.from_address(count).value
+        ctypes.c_uint.from_address(count).value = len(pids)
+        if not pids:
+            return _SUCCESS
+        if infos is None or room < len(pids):
+            return _INSUFFICIENT_SIZE
+        array = (pynvml.c_nvmlProcessInfo_v3_t * len(pids)).from_address(infos)
+        for slot, pid in zip(array, pids, strict=True):
+            slot.pid = pid
+            slot.usedGpuMemory = 0
+            slot.gpuInstanceId = 0xFFFFFFFF
+            slot.computeInstanceId = 0xFFFFFFFF
+        return _SUCCESS
+
+    def _memory_info(self, gpu: int, address: int) -> int:
+        modes = self._modes(gpu)
+        struct = pynvml.c_nvmlMemory_t.from_address(address)
+        struct.total = modes.memory_total
+        struct.used = modes.memory_used
+        struct.free = modes.memory_total - modes.memory_used
         return _SUCCESS
 
     # -- memory errors ---------------------------------------------------------
