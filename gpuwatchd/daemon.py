@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.registry import CheckInputs, run_all
+from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
@@ -38,6 +38,10 @@ from gpuwatchd.sources import Source
 from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
 
 log = logging.getLogger(__name__)
+
+# A difference between the wall clock and the daemon's reckoning that is a
+# step, not the drift of a poll's few instructions.
+WALL_STEP_SECONDS = 1.0
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -114,6 +118,9 @@ class Daemon:
         # Serialises judging between the poll loop and the API's manual changes.
         self._judging = threading.Lock()
         self._checked = CheckOutput(findings=(), measurements=())
+        self._check_errors: dict[str, str] = {}
+        # The wall clock's lead over the daemon's reckoning (clock.py), last seen.
+        self._wall_offset = clock.wall() - now
         webhooks, schedulers = self.actions.status()
         self._snapshot = Snapshot(
             time=now, quarantines=self.state.quarantines, webhooks=webhooks, schedulers=schedulers
@@ -142,8 +149,9 @@ class Daemon:
 
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boot_record()
-        checked = run_all(CheckInputs(self.history, now, boots), self.config.checks)
-        gathered = _gathered(readings, now, self._polls)
+        run = run_all(CheckInputs(self.history, now, boots), self.config.checks)
+        checked = self._carry_failed_checks(run)
+        gathered = replace(_gathered(readings, now, self._polls), check_errors=run.failed)
         canary = self._poll_canary(now, gathered.gpus)
         if canary is not None:
             checked = replace(checked, findings=(*checked.findings, *canary.findings))
@@ -152,6 +160,20 @@ class Daemon:
             self._checked = checked
             result = self._judge(now, readings, self.boot_id)
             return self._publish(gathered, result)
+
+    def _carry_failed_checks(self, run: ChecksRun) -> CheckOutput:
+        """This poll's output, with the last findings of each check that failed
+        now: a check's bug neither raises nor clears what it last found."""
+        for name, error in run.failed.items():
+            if self._check_errors.get(name) != error:
+                log.error("check %s failed: %s; its last findings stand", name, error)
+        for name in self._check_errors.keys() - run.failed.keys():
+            log.warning("check %s works again", name)
+        self._check_errors = dict(run.failed)
+        if not run.failed:
+            return run.output
+        kept = tuple(f for f in self._checked.findings if f.check in run.failed)
+        return replace(run.output, findings=(*run.output.findings, *kept))
 
     def _poll_canary(self, now: float, gpus: Sequence[GpuSample]) -> CanaryView | None:
         """Start due canary bursts on this poll's GPUs and collect finished
@@ -284,6 +306,7 @@ class Daemon:
         """One poll of every source; returns the Snapshot it published."""
         started = time.perf_counter()
         now = self.clock.now()
+        self._watch_wall_clock(now)
         if self.before_poll is not None:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
@@ -295,6 +318,20 @@ class Daemon:
         snapshot = self._decide(readings, now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
+
+    def _watch_wall_clock(self, now: float) -> None:
+        """Say when the wall clock steps: windows, rates and confirmation keep
+        the daemon's monotonic reckoning, and so do its timestamps until it
+        restarts."""
+        offset = self.clock.wall() - now
+        if abs(offset - self._wall_offset) > WALL_STEP_SECONDS:
+            log.warning(
+                "the wall clock stepped by %+.1fs; polling, windows and confirmation go on "
+                "unchanged, and timestamps stay %+.1fs from the wall clock until restart",
+                offset - self._wall_offset,
+                -offset,
+            )
+            self._wall_offset = offset
 
     def run(self, notifier: Notifier | None = None) -> None:
         """Poll until `stop()`; each poll starts one interval after the last one started.
