@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,18 +31,29 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
-from gpuwatchd.model import Decision, GpuSample, Quarantine, Reading
+from gpuwatchd.model import Decision, Finding, GpuSample, Quarantine, Reading, Severity
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import Source
-from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
+from gpuwatchd.store import (
+    JournalEntry,
+    StateConflict,
+    Store,
+    StoreError,
+    UnsavedPoll,
+    read_boot_id,
+)
 
 log = logging.getLogger(__name__)
 
 # A difference between the wall clock and the daemon's reckoning that is a
 # step, not the drift of a poll's few instructions.
 WALL_STEP_SECONDS = 1.0
+# Polls with something to journal kept while the database cannot be written:
+# about a day of a fault raised and cleared every poll at the default interval.
+MAX_UNSAVED_POLLS = 10_000
+STORE_CHECK = "store"
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -62,14 +74,35 @@ def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot
     )
 
 
-def open_store(state_dir: str) -> Store:
-    """The state database, or an in-memory one when it cannot be used: the
-    daemon keeps monitoring and exports gpuwatchd_state_persisted 0."""
+def open_store(state_dir: str, now: float) -> tuple[Store, str | None]:
+    """The state database, and what was lost on the way when it was damaged
+    (it is moved aside and a new one started), or an in-memory one when it
+    cannot be used: the daemon keeps monitoring and exports
+    gpuwatchd_state_persisted 0."""
     try:
-        return Store.open(state_dir)
+        return Store.open(state_dir), None
     except StoreError as error:
-        log.error("%s; decisions will not survive a restart", error)
-        return Store.in_memory()
+        if not error.damaged:
+            log.error("%s; decisions will not survive a restart", error)
+            return Store.in_memory(), None
+        aside = f"{error.path}.damaged-{int(now)}"
+        try:
+            for suffix in ("-wal", "-shm", ""):
+                if os.path.exists(error.path + suffix):
+                    os.rename(error.path + suffix, aside + suffix)
+            store = Store.open(state_dir)
+        except (OSError, StoreError) as again:
+            log.error(
+                "%s; cannot move it aside: %s; decisions will not survive a restart", error, again
+            )
+            return Store.in_memory(), None
+        lost = (
+            f"the state database was damaged ({error.problem.split(';')[0]}) and was moved "
+            f"aside to {aside}: its quarantines, journal and queued webhook events are lost; "
+            "check this node's scheduler drains by hand"
+        )
+        log.critical("%s", lost)
+        return store, lost
 
 
 def _boot_id(path: str | None) -> str:
@@ -99,9 +132,24 @@ class Daemon:
         self.history = History(max_age_seconds=config.daemon.history)
         self.stop_event = threading.Event()
         self._polls = 0
-        self.store = open_store(config.daemon.state_dir)
-        self._persisted = self.store.persistent
         now = clock.now()
+        self.store, lost = open_store(config.daemon.state_dir, now)
+        self._persisted = self.store.persistent
+        # Polls whose journal rows and webhook events the database could not take yet.
+        self._unsaved: list[UnsavedPoll] = []
+        self._store_findings: tuple[Finding, ...] = ()
+        if lost is not None:
+            self._store_findings = (
+                Finding(
+                    subject=NODE,
+                    check=STORE_CHECK,
+                    code="state_lost",
+                    severity=Severity.WARN,
+                    message=lost,
+                    evidence={"path": self.store.path},
+                ),
+            )
+            self._write(lambda: self.store.note("state_lost", NODE, lost, now))
         self.boot_id = _boot_id(boot_id_path)
         self._write(lambda: self.store.record_boot(self.boot_id, now))
         # The last samples of the previous run make the first rates right.
@@ -139,6 +187,41 @@ class Daemon:
         except StoreError as error:
             log.error("%s", error)
             self._persisted = False
+
+    def _keep_unsaved(self, error: StoreError, poll: UnsavedPoll) -> None:
+        """Keep what `poll` could not write, for the next poll to write."""
+        if self._persisted:
+            log.error("%s; decisions are kept in memory and written when it can be", error)
+        self._persisted = False
+        readings = tuple(r for r in poll.readings if r.xid_events)
+        poll = replace(poll, readings=readings)
+        if poll.empty:
+            return
+        self._unsaved.append(poll)
+        if len(self._unsaved) > MAX_UNSAVED_POLLS:
+            dropped = self._unsaved.pop(0)
+            log.error(
+                "%d polls wait for the state database: the journal and webhook events of "
+                "the oldest (%s) are dropped",
+                MAX_UNSAVED_POLLS,
+                dropped.now,
+            )
+
+    def _reopen_if_replaced(self) -> None:
+        """A database file removed under the running daemon is made anew from
+        what it holds in memory. Holds `_judging`."""
+        try:
+            if not self.store.reopen_if_replaced():
+                return
+            log.error(
+                "state database %s was removed or replaced while the daemon ran: a new one is "
+                "written from memory (the journal and queued webhook events in the old one "
+                "are lost)",
+                self.store.path,
+            )
+            self.state = self.store.restore(self.state)
+        except StoreError as error:
+            log.error("%s", error)
 
     def _poll_source(self, source: Source, now: float) -> Reading:
         try:
@@ -193,28 +276,36 @@ class Daemon:
     ) -> PolicyResult:
         """Policy over the last checks' findings and the actions' own, saved
         with the poll's readings and webhook events. Holds `_judging`."""
-        findings = (*self._checked.findings, *self.actions.findings())
+        findings = (*self._checked.findings, *self.actions.findings(), *self._store_findings)
         subjects = observed_subjects(self.history)
+        self._reopen_if_replaced()
         for _ in range(3):
             result = evaluate(findings, self.state, now, self.config.policy, subjects)
+            events = self.actions.events(result)
             try:
                 self.state = self.store.save_poll(
                     result,
                     now=now,
                     boot_id=boot_id,
                     readings=readings,
-                    events=self.actions.events(result),
+                    events=events,
+                    earlier=self._unsaved,
                 )
-                self._persisted = self.store.persistent
-                break
             except StateConflict:
                 # An operator quarantined or released something since we read
                 # the state: judge again on top of their change.
                 self.state = self.store.load_state()
             except StoreError as error:
-                log.error("%s", error)
+                self._keep_unsaved(error, UnsavedPoll(result, now, boot_id, readings, events))
                 self.state = result.state
-                self._persisted = False
+                break
+            else:
+                if self._unsaved:
+                    log.warning(
+                        "state database writable again: %d polls written", len(self._unsaved)
+                    )
+                self._unsaved.clear()
+                self._persisted = self.store.persistent
                 break
         self._log_changes(result)
         return result
@@ -247,6 +338,7 @@ class Daemon:
         """An operator's quarantine, in effect (and on /metrics) when this returns."""
         with self._judging:
             now = self.clock.now()
+            self._reopen_if_replaced()
             events = self.actions.manual_events(operator)
             decision = self.store.quarantine(subject, reason, operator, now, events)
             self._rejudge(now)
@@ -256,6 +348,7 @@ class Daemon:
         """An operator's release; None when the subject was not quarantined."""
         with self._judging:
             now = self.clock.now()
+            self._reopen_if_replaced()
             events = self.actions.manual_events(operator)
             decision = self.store.release(subject, operator, now, reason, events)
             if decision is not None:

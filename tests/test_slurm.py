@@ -235,3 +235,32 @@ def test_slurm_healthcheck_passes_a_healthy_node_and_one_it_knows_nothing_of(
     config.write_text(f"daemon: {{listen: '127.0.0.1:1', state_dir: '{state}'}}\n")
     healthy = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
     assert (healthy.exit_code, healthy.output) == (0, "gpuwatchd: node healthy\n")
+
+
+def test_a_drain_with_our_tag_that_the_journal_does_not_explain_is_never_lifted(
+    tmp_path: Path, store: Store
+) -> None:
+    # A daemon that lost its state: Slurm shows our drain of a hardware fault,
+    # the fresh journal knows nothing of it, and nothing wants it any more.
+    reason = "gpuwatchd: gpu:3 xid_hardware; node gpu_quarantine_ratio"
+    scontrol = fake_scontrol(tmp_path / "slurm", state="IDLE+DRAIN", reason=reason)
+    slurm = worker(scontrol, store)
+    slurm.update(snapshot())
+    slurm.run_once(T0)
+    assert scontrol.updates() == []
+    assert scontrol.state["state"] == "IDLE+DRAIN"
+    (finding,) = slurm.findings()
+    assert finding.code == "slurm_drain_unexplained" and "resume it by hand" in finding.message
+
+
+def test_a_drain_the_journal_records_is_lifted_by_a_restarted_worker(
+    scontrol: FakeScontrol, store: Store
+) -> None:
+    first = worker(scontrol, store)
+    first.update(snapshot(NODE_ECC))
+    first.run_once(T0)
+    restarted = worker(scontrol, store)
+    restarted.update(snapshot())
+    restarted.run_once(T0 + 10)
+    assert scontrol.updates()[-1] == ["update", "NodeName=gpu-node-7", "State=RESUME"]
+    assert restarted.findings() == ()
