@@ -25,6 +25,8 @@ from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
 SOURCE_NAMES = ("nvml", "infiniband", "canary")
+# A shorter interval is a busy loop, not monitoring.
+MIN_POLL_INTERVAL = 0.1
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -50,8 +52,10 @@ class DaemonConfig:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        if self.poll_interval <= 0:
-            raise ValueError("poll_interval must be more than 0s")
+        if self.poll_interval < MIN_POLL_INTERVAL:
+            raise ValueError(
+                f"poll_interval must be at least {MIN_POLL_INTERVAL:g}s (less is a busy loop)"
+            )
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise ValueError("log_level must be debug, info, warning or error")
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
 from gpuwatchd.units import parse_duration, parse_rate
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -123,6 +124,28 @@ def _require_int(value: Any, what: str, where: str) -> int:
     return value
 
 
+def _short(value: Any) -> str:
+    """A value for a message: the start of its repr, never the whole of a big one."""
+    if isinstance(value, list | dict):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
+
+
+def _require_text(value: Any, what: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{where}: {what} must be text, got {_short(value)}")
+    return value
+
+
+def _require_number(value: Any, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{where}: {what} must be a number, got {_short(value)}")
+    if isinstance(value, int) and abs(value) > 2**53:
+        raise ScenarioError(f"{where}: {what} is out of range, got {_short(value)}")
+    return float(value)
+
+
 def _parse_node(raw: Any, name: str) -> NodeShape:
     if raw is None:
         return NodeShape()
@@ -148,6 +171,8 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{label}: expected a mapping such as {{at: 10s, kind: xid, ...}}")
     kind = raw.get("kind")
+    if not isinstance(kind, str):
+        raise ScenarioError(f"{label}: kind must be text such as xid, got {_short(kind)}")
     label = f"{label} ({kind})" if kind else label
     if kind not in FAULT_FIELDS:
         known = ", ".join(sorted(FAULT_FIELDS))
@@ -171,12 +196,12 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         until=until,
         gpu=_require_int(raw["gpu"], "gpu", label) if "gpu" in raw else None,
         link=_require_int(raw["link"], "link", label) if "link" in raw else None,
-        hca=str(raw["hca"]) if "hca" in raw else None,
+        hca=_require_text(raw["hca"], "hca", label) if "hca" in raw else None,
         port=_require_int(raw["port"], "port", label) if "port" in raw else None,
         rate=rate,
         code=_require_int(raw["code"], "code", label) if "code" in raw else None,
-        ratio=float(raw["ratio"]) if "ratio" in raw else None,
-        mode=str(raw["mode"]) if "mode" in raw else None,
+        ratio=_require_number(raw["ratio"], "ratio", label) if "ratio" in raw else None,
+        mode=_require_text(raw["mode"], "mode", label) if "mode" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -206,6 +231,10 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
 
 def parse(text: str, name: str = "scenario") -> Scenario:
     try:
+        check_yaml_limits(text, name)
+    except SettingsError as error:
+        raise ScenarioError(str(error)) from error
+    try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ScenarioError(f"{name}: not valid YAML: {error}") from error
@@ -218,6 +247,8 @@ def parse(text: str, name: str = "scenario") -> Scenario:
         raise ScenarioError(f"{name}: unknown key(s) {', '.join(sorted(unknown))}")
     node = _parse_node(raw.get("node"), name)
     seed = _require_int(raw.get("seed", 1), "seed", name)
+    if not 0 <= seed < 2**64:
+        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {_short(seed)}")
     faults_raw = raw.get("faults") or []
     if not isinstance(faults_raw, list):
         raise ScenarioError(f"{name}: faults must be a list")
@@ -240,9 +271,9 @@ def load(name_or_path: str | None) -> Scenario:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise ScenarioError(f"{name}: cannot read: {error.strerror}") from error
+            text = read_text(str(path))
+        except SettingsError as error:
+            raise ScenarioError(str(error)) from error
         return parse(text, str(path))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
     if not builtin.is_file():
