@@ -18,6 +18,7 @@ a quarantine that fleet safety held back does not count as a drain.
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -122,6 +123,15 @@ class FleetSafety:
 
 
 def _number(document: Any, expression: str) -> float:
+    """The one finite, non-negative number of an answer: NaN or infinity
+    (a division by zero in a recording rule, say) cannot answer "how many"."""
+    number = _answer(document, expression)
+    if not math.isfinite(number) or number < 0:
+        raise QueryError(f"{expression} answers {number:g}, not a count")
+    return number
+
+
+def _answer(document: Any, expression: str) -> float:
     try:
         if document["status"] != "success":
             raise QueryError(f"{expression}: {document.get('error', document['status'])}")
