@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
@@ -54,6 +54,7 @@ WALL_STEP_SECONDS = 1.0
 # about a day of a fault raised and cleared every poll at the default interval.
 MAX_UNSAVED_POLLS = 10_000
 STORE_CHECK = "store"
+REFUSED_NOTES_PER_MINUTE = 10
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -176,6 +177,15 @@ class Daemon:
         self.registry: CollectorRegistry
         self._poll_duration: Histogram
         self.registry, self._poll_duration = make_registry(lambda: self._snapshot)
+        self._refused_total = Counter(
+            "gpuwatchd_api_refused_requests",
+            "Control API writes refused (no or a wrong token), journaled or not.",
+            registry=self.registry,
+        )
+        self._refused_lock = threading.Lock()
+        self._refused_window = -math.inf
+        self._refused_notes = 0
+        self._refused_left_out = 0
 
     @property
     def snapshot(self) -> Snapshot:
@@ -364,8 +374,25 @@ class Daemon:
         return self.store.journal(since=since, subject=subject, limit=limit)
 
     def refused(self, message: str) -> None:
+        """A refused write: counted on /metrics, and logged and journaled up to
+        REFUSED_NOTES_PER_MINUTE a minute, so that whoever reaches the
+        listener can neither flood the log nor grow the database."""
+        self._refused_total.inc()
+        now = self.clock.now()
+        with self._refused_lock:
+            if now - self._refused_window >= 60.0:
+                left_out, self._refused_left_out = self._refused_left_out, 0
+                self._refused_window, self._refused_notes = now, 0
+                if left_out:
+                    message = (
+                        f"{message} ({left_out} more refused in the minute before, not logged)"
+                    )
+            if self._refused_notes >= REFUSED_NOTES_PER_MINUTE:
+                self._refused_left_out += 1
+                return
+            self._refused_notes += 1
         log.warning("%s", message)
-        self._write(lambda: self.store.note("api_refused", NODE, message, self.clock.now()))
+        self._write(lambda: self.store.note("api_refused", NODE, message, now))
 
     def _rejudge(self, now: float) -> None:
         """Judge the last poll's findings again on top of a manual change, so

@@ -24,6 +24,7 @@ journaled. With a certificate and key configured the listener speaks TLS.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import json
 import logging
@@ -31,7 +32,10 @@ import os
 import secrets
 import socket
 import ssl
+import stat
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +45,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from gpuwatchd.actions.manual import check_on_node, check_text, node_subjects, resolve_subject
+from gpuwatchd.actions.manual import (
+    check_on_node,
+    check_text,
+    node_subjects,
+    resolve_subject,
+    shown,
+)
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
@@ -59,6 +69,15 @@ MAX_OPERATOR_CHARS = 64
 # connections cannot hold the listener's threads.
 REQUEST_TIMEOUT_SECONDS = 30.0
 SHUTDOWN_POLL_SECONDS = 0.1
+MAX_TOKEN_FILE_BYTES = 1 << 16
+# Connections the kernel queues before the listener accepts them: a fleet's
+# scrapers and a burst of API clients (socketserver's default is 5).
+LISTEN_BACKLOG = 1024
+# Connections served at once; more are closed at once. Well under the usual
+# 1024 file descriptors, so that a flood of idle connections cannot starve
+# the sources of descriptors or the listener of threads.
+MAX_CONNECTIONS = 256
+WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
 
 
 def _check_positive(value: int) -> None:
@@ -91,9 +110,35 @@ class Token:
     secret: str
 
 
+class TokenFileError(OSError):
+    """A token file that must not be trusted: a symlink, not a regular file,
+    or open to its group or others."""
+
+
 def read_tokens(path: str) -> tuple[Token, ...]:
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.strip() for line in handle]
+    """The tokens of `path`, which must be a regular file (not followed
+    through a symlink) that only its owner can read or write."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise TokenFileError(f"{path} is a symbolic link: refused") from error
+        raise
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise TokenFileError(f"{path} is not a regular file: refused")
+        if status.st_mode & 0o077:
+            raise TokenFileError(
+                f"{path} has mode {stat.S_IMODE(status.st_mode):04o}, open to its group or "
+                f"others: refused until `chmod 600 {path}`"
+            )
+        data = handle.read(MAX_TOKEN_FILE_BYTES)
+    return _parse_tokens(data.decode("utf-8", "replace"))
+
+
+def _parse_tokens(text: str) -> tuple[Token, ...]:
+    lines = [line.strip() for line in text.splitlines()]
     tokens = []
     for line in lines:
         if not line or line.startswith("#"):
@@ -105,7 +150,8 @@ def read_tokens(path: str) -> tuple[Token, ...]:
 
 def client_secret(path: str) -> str:
     """The secret a client sends: the file's first token."""
-    tokens = read_tokens(path)
+    with open(path, encoding="utf-8") as handle:
+        tokens = _parse_tokens(handle.read(MAX_TOKEN_FILE_BYTES))
     if not tokens:
         raise ValueError(f"{path} holds no token")
     return tokens[0].secret
@@ -158,8 +204,12 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS
     token: Token  # the write request's, once authenticated
 
+    def version_string(self) -> str:
+        # The Server header names no Python version.
+        return self.server_version
+
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        log.debug("%s %s", self.address_string(), shown(format % args))
 
     def _send(
         self,
@@ -257,9 +307,10 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError as error:
                 log.error("cannot read the API token file %s: %s", self.server.token_file, error)
                 tokens = ()
-            match = next(
-                (t for t in tokens if hmac.compare_digest(t.secret, presented.strip())), None
-            )
+            # As bytes: compare_digest takes str only when it is ASCII, and
+            # a header may hold any byte (http.server decodes it as latin-1).
+            given = presented.strip().encode("latin-1", "replace")
+            match = next((t for t in tokens if hmac.compare_digest(t.secret.encode(), given)), None)
             if match is None:
                 why = "the bearer token is not valid"
             else:
@@ -268,7 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
             control = self.server.control
             if control is not None:
                 control.refused(
-                    f"{self.command} {self._path} from {self.client_address[0]} refused: {why}"
+                    f"{self.command} {shown(self._path)} from {self.client_address[0]} "
+                    f"refused: {why}"
                 )
             raise ApiError(401, why)
 
@@ -293,6 +345,8 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(length_header)
         except ValueError as error:
             raise ApiError(400, "Content-Length is not a number") from error
+        if length < 0:
+            raise ApiError(400, "Content-Length cannot be negative")
         if length > self.server.max_body_bytes:
             raise ApiError(413, f"the body is larger than {self.server.max_body_bytes} bytes")
         raw = self.rfile.read(length)
@@ -302,8 +356,14 @@ class _Handler(BaseHTTPRequestHandler):
             document = json.loads(raw)
         except ValueError as error:
             raise ApiError(400, f"the body is not JSON: {error}") from error
+        except RecursionError as error:
+            raise ApiError(400, "the body is JSON nested too deeply") from error
         if not isinstance(document, dict):
             raise ApiError(400, "the body must be a JSON object")
+        unknown = sorted(set(document) - WRITE_FIELDS)
+        if unknown:
+            fields = ", ".join(shown(name, 40) for name in unknown[:5])
+            raise ApiError(400, f"unknown field(s): {fields} (known: operator, reason, subject)")
         return document
 
     def _subject(self, text: object, control: Control) -> str:
@@ -352,11 +412,18 @@ class _Handler(BaseHTTPRequestHandler):
         since = _since(query.get("since"), control.now())
         subject = query.get("subject")
         try:
-            limit = min(int(query.get("limit", MAX_JOURNAL_ENTRIES)), MAX_JOURNAL_ENTRIES)
+            limit = int(query.get("limit", MAX_JOURNAL_ENTRIES))
         except ValueError as error:
             raise ApiError(400, "limit must be a whole number") from error
-        entries = control.journal(since, subject, limit)
-        return 200, {"entries": [dataclasses.asdict(entry) for entry in entries]}
+        if not 0 <= limit <= MAX_JOURNAL_ENTRIES:
+            raise ApiError(400, f"limit must be 0 to {MAX_JOURNAL_ENTRIES}")
+        # One more than asked says whether older entries were left out.
+        entries = control.journal(since, subject, limit + 1)
+        kept = entries[len(entries) - limit :] if limit else ()
+        return 200, {
+            "entries": [dataclasses.asdict(entry) for entry in kept],
+            "truncated": len(entries) > limit,
+        }
 
 
 def _quarantines_json(control: Control) -> list[dict[str, Any]]:
@@ -385,6 +452,7 @@ def base_url(host: str, port: int, tls: bool) -> str:
 
 class StatusServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,
@@ -414,6 +482,45 @@ class StatusServer(ThreadingHTTPServer):
         self.token_file = token_file
         self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
+        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.turned_away = 0  # connections closed at once, over MAX_CONNECTIONS
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as error:
+            if error.errno in (errno.EMFILE, errno.ENFILE):
+                # The connection stays queued: without a pause the accept loop
+                # would spin on it at full CPU until a descriptor is free.
+                log.warning("cannot accept a connection: %s", error.strerror)
+                time.sleep(SHUTDOWN_POLL_SECONDS)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._connections.acquire(blocking=False):
+            self.turned_away += 1
+            log.debug("%s turned away: %d connections open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is one debug line; anything else a logged traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError | ssl.SSLError):
+            log.debug("%s: connection ended: %s", client_address[0], error)
+        else:
+            log.exception("request from %s failed", client_address[0])
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The TLS handshake runs here, in the request's own thread: a slow or

@@ -392,7 +392,8 @@ class Store:
     def journal(
         self, since: float | None = None, subject: str | None = None, limit: int = 1000
     ) -> tuple[JournalEntry, ...]:
-        """Entries from `since` on (oldest first), of one subject or all, at most `limit`."""
+        """Entries from `since` on, of one subject or all: the newest `limit`
+        of them (a window with more leaves its oldest out), oldest first."""
         conditions = ["1"]
         parameters: list[Any] = []
         if since is not None:
@@ -401,10 +402,10 @@ class Store:
         if subject is not None:
             conditions.append("subject = ?")
             parameters.append(subject)
-        query = f"SELECT * FROM journal WHERE {' AND '.join(conditions)} ORDER BY id LIMIT ?"
+        query = f"SELECT * FROM journal WHERE {' AND '.join(conditions)} ORDER BY id DESC LIMIT ?"
         with self._reading() as db:
-            rows = db.execute(query, [*parameters, limit]).fetchall()
-        return tuple(_entry(row) for row in rows)
+            rows = db.execute(query, [*parameters, max(0, limit)]).fetchall()
+        return tuple(_entry(row) for row in reversed(rows))
 
     def notes(self, kind: str, prefix: str) -> tuple[str, ...]:
         """The messages of the journal entries of `kind` that start with `prefix`."""
