@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from actions_support import FakeScontrol, fake_scontrol
+from actions_support import FakeScontrol, fake_scontrol, wait_for
 from click.testing import CliRunner
 
 from gpuwatchd.actions.fleet import FleetSafety, FleetSafetyConfig
@@ -264,3 +264,23 @@ def test_a_drain_the_journal_records_is_lifted_by_a_restarted_worker(
     restarted.run_once(T0 + 10)
     assert scontrol.updates()[-1] == ["update", "NodeName=gpu-node-7", "State=RESUME"]
     assert restarted.findings() == ()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_hung_scontrol_wrapper_is_killed_with_its_children(
+    scontrol: FakeScontrol, store: Store
+) -> None:
+    scontrol.set(hang_in_child=True)
+    slurm = worker(scontrol, store, timeout=0.5)
+    slurm.update(snapshot(NODE_ECC))
+    slurm.run_once(T0)
+    assert "timed out after 0.5s" in slurm.findings()[0].message
+    child = int(Path(f"{scontrol.state_path}.child").read_text())
+    wait_for(lambda: not _running(child), "the wrapper's child to end")

@@ -21,7 +21,10 @@ finding code `slurm_<show|drain|resume|comment>_failed`.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -161,20 +164,27 @@ class Slurm:
     def _run(self, args: list[str], code: str) -> str:
         command = [self.config.scontrol, *args]
         try:
-            done = subprocess.run(
+            # Its own process group, so that a timeout ends what a wrapper
+            # script started too, not only the script.
+            process = subprocess.Popen(
                 command,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=self.config.timeout,
-                check=False,
+                start_new_session=True,
             )
+        except OSError as error:
+            raise ActionFailed(code, f"cannot run {self.config.scontrol}: {error}") from error
+        try:
+            stdout, stderr = process.communicate(timeout=self.config.timeout)
         except subprocess.TimeoutExpired as error:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
             raise ActionFailed(
                 code, f"{self._command(args)} timed out after {self.config.timeout:g}s"
             ) from error
-        except OSError as error:
-            raise ActionFailed(code, f"cannot run {self.config.scontrol}: {error}") from error
-        if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        if process.returncode != 0:
+            why = (stderr or stdout).strip() or f"exit status {process.returncode}"
             raise ActionFailed(code, f"{self._command(args)} failed: {why}")
-        return done.stdout
+        return stdout
