@@ -50,12 +50,12 @@ from gpuwatchd.actions.manual import (
     check_text,
     node_subjects,
     resolve_subject,
-    shown,
 )
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
 from gpuwatchd.store import JournalEntry, StoreError
+from gpuwatchd.text import shown
 from gpuwatchd.units import parse_duration
 
 log = logging.getLogger(__name__)

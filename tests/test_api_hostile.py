@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwatchd import server as server_module
+from gpuwatchd.logs import JournalFormatter
 from gpuwatchd.server import StatusServer
 
 QUARANTINES = "/api/v1/quarantines"
@@ -228,3 +229,11 @@ def test_any_write_body_is_answered_below_500(
     assert status < 500, document
     if status >= 400:
         assert isinstance(document["error"], str)
+
+
+def test_a_log_line_escapes_whatever_is_not_printable_text() -> None:
+    record = logging.LogRecord(
+        "gpuwatchd.x", logging.WARNING, "x", 1, "subject %s", ("\x1b]0;owned\x07\u202e\x9b",), None
+    )
+    line = JournalFormatter(syslog_prefix=False).format(record)
+    assert line == 'level=warning logger=gpuwatchd.x msg="subject \\x1b]0;owned\\x07\\u202e\\x9b"'

@@ -5,35 +5,15 @@ from __future__ import annotations
 
 import getpass
 import os
-import unicodedata
 from collections.abc import Iterable
 
 from gpuwatchd.model import GpuSample, PortSample
 from gpuwatchd.policy import NODE, validate_subject
+from gpuwatchd.text import printable
 
 # A reason becomes a metric label, a Slurm reason and a journal line: one
 # readable line, of a size all of them take.
 MAX_REASON_CHARS = 500
-# Unicode categories that are not printable text: controls (C0, C1: escape
-# sequences), formats (bidi overrides such as U+202E), line and paragraph
-# separators (U+2028), surrogates, private use and unassigned.
-NOT_TEXT = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
-
-
-def printable(text: str) -> bool:
-    """One line of printable text: nothing a terminal or a label reader could
-    take for a control, a new line or a change of direction."""
-    return not any(unicodedata.category(c) in NOT_TEXT for c in text)
-
-
-def shown(text: str, max_chars: int = 200) -> str:
-    """`text` safe to log or journal whatever a client sent: what is not
-    printable is escaped, and it is cut at `max_chars`."""
-    out = "".join(
-        c if unicodedata.category(c) not in NOT_TEXT else c.encode("unicode_escape").decode()
-        for c in text[:max_chars]
-    )
-    return out if len(text) <= max_chars else f"{out}...({len(text)} characters)"
 
 
 def resolve_subject(text: str, gpus: Iterable[GpuSample]) -> str:
