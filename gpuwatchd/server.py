@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -203,6 +204,13 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuwatchd"
     timeout = REQUEST_TIMEOUT_SECONDS
     token: Token  # the write request's, once authenticated
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server answers a method it has no do_ for with 501, a server
+        # error; it is the client's: 405.
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here"
+        super().send_error(code, message, explain)
 
     def version_string(self) -> str:
         # The Server header names no Python version.
