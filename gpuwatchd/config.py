@@ -50,6 +50,9 @@ class DaemonConfig:
     # How much history each subject keeps for the checks' windows.
     history: Seconds = 3600.0
     log_level: str = "info"
+    # Journal entries older than this are deleted (hourly), so that the state
+    # database stays bounded; gpuwatchd's own drain records are kept.
+    journal_retention: Seconds = 90 * 86400.0
 
     def __post_init__(self) -> None:
         if self.poll_interval < MIN_POLL_INTERVAL:

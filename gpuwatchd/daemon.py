@@ -24,6 +24,7 @@ from dataclasses import replace
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwatchd.actions.dispatch import Actions
+from gpuwatchd.actions.scheduler import DRAIN_NOTE
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
@@ -55,6 +56,7 @@ WALL_STEP_SECONDS = 1.0
 MAX_UNSAVED_POLLS = 10_000
 STORE_CHECK = "store"
 REFUSED_NOTES_PER_MINUTE = 10
+JOURNAL_PRUNE_EVERY = 3600.0
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -186,6 +188,7 @@ class Daemon:
         self._refused_window = -math.inf
         self._refused_notes = 0
         self._refused_left_out = 0
+        self._pruned = -math.inf
 
     @property
     def snapshot(self) -> Snapshot:
@@ -436,8 +439,22 @@ class Daemon:
             self.history.record(reading)
         self._polls += 1
         snapshot = self._decide(readings, now)
+        self._prune_journal(now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
+
+    def _prune_journal(self, now: float) -> None:
+        if now - self._pruned < JOURNAL_PRUNE_EVERY:
+            return
+        self._pruned = now
+        before = now - self.config.daemon.journal_retention
+        try:
+            pruned = self.store.prune_journal(before, keep_kinds=(DRAIN_NOTE,))
+        except StoreError as error:
+            log.error("%s", error)
+            return
+        if pruned:
+            log.info("deleted %d journal entries older than the retention", pruned)
 
     def _watch_wall_clock(self, now: float) -> None:
         """Say when the wall clock steps: windows, rates and confirmation keep

@@ -407,6 +407,17 @@ class Store:
             rows = db.execute(query, [*parameters, max(0, limit)]).fetchall()
         return tuple(_entry(row) for row in reversed(rows))
 
+    def prune_journal(self, before: float, keep_kinds: Iterable[str]) -> int:
+        """Delete journal entries older than `before`, except those of
+        `keep_kinds`; how many were deleted."""
+        keep = tuple(keep_kinds)
+        marks = ", ".join("?" * len(keep)) or "NULL"
+        with self._writing() as db:
+            cursor = db.execute(
+                f"DELETE FROM journal WHERE time < ? AND kind NOT IN ({marks})", (before, *keep)
+            )
+        return cursor.rowcount
+
     def notes(self, kind: str, prefix: str) -> tuple[str, ...]:
         """The messages of the journal entries of `kind` that start with `prefix`."""
         with self._reading() as db:
