@@ -98,9 +98,18 @@ class ApiConfig:
     tls_key_file: str | None = None
     # A write request's body may be at most this long.
     max_body_bytes: int = 65536
+    # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
+    # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
+    # and can be the cluster address while the API stays on loopback.
+    # null: the API is served on daemon.listen.
+    listen: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self.max_body_bytes)
+        if self.listen is not None:
+            from gpuwatchd.config import parse_listen  # config imports this module
+
+            parse_listen(self.listen)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file go together")
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -152,3 +154,27 @@ def test_an_explicit_node_that_does_not_answer_is_an_error_not_the_local_databas
     assert result.exit_code == 1
     assert f"cannot reach the gpuwatchd daemon at {url}" in result.output
     assert not (config.parent / "state" / "state.db").exists()
+
+
+def test_with_the_api_apart_metrics_serve_no_control_and_the_cli_finds_the_api(
+    tmp_path: Path,
+) -> None:
+    api_port = free_port()
+    config = write_config(
+        tmp_path / "gpuwatchd.yaml",
+        tmp_path / "state",
+        free_port(),
+        {"api": {"listen": f"127.0.0.1:{api_port}"}},
+    )
+    with daemon_process(config) as running:
+        assert "gpuwatchd_source_up" in running.metrics()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{running.url}/api/v1/quarantines", timeout=5)
+        assert refused.value.code == 404
+        added = cli("quarantine", "add", "gpu:5", "--reason", "fan", "--config", str(config))
+        assert added.exit_code == 0, added.output
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{api_port}/api/v1/quarantines", timeout=5
+        ) as response:
+            assert "gpu:5" in [q["subject"] for q in json.load(response)["quarantines"]]
+        assert 'subject="gpu:5"' in _quarantined(running)
