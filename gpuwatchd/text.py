@@ -4,6 +4,7 @@ log line, a metric label or the journal."""
 from __future__ import annotations
 
 import unicodedata
+from urllib.parse import urlsplit, urlunsplit
 
 # Unicode categories that are not printable text: controls (C0, C1: escape
 # sequences), formats (bidi overrides such as U+202E), line and paragraph
@@ -32,3 +33,14 @@ def shown(text: str, max_chars: int = 200) -> str:
     at `max_chars`."""
     out = escape_unprintable(text[:max_chars])
     return out if len(text) <= max_chars else f"{out}...({len(text)} characters)"
+
+
+def redacted(url: str) -> str:
+    """`url` without the password of its user part (`https://user:***@host/`),
+    for logs, findings and the journal."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))

@@ -237,3 +237,18 @@ def test_a_log_line_escapes_whatever_is_not_printable_text() -> None:
     )
     line = JournalFormatter(syslog_prefix=False).format(record)
     assert line == 'level=warning logger=gpuwatchd.x msg="subject \\x1b]0;owned\\x07\\u202e\\x9b"'
+
+
+def test_tokens_never_reach_logs_metrics_status_or_the_journal(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"subject": "gpu:1", "reason": "fan"}
+    with caplog.at_level(logging.DEBUG):
+        assert api.request("POST", QUARANTINES, body)[0] == 201
+        assert api.request("POST", QUARANTINES, body, token="alice-secreX")[0] == 401
+        assert api.request("POST", QUARANTINES, body, token="bare-secret")[0] == 201
+    _, status = api.request("GET", "/api/v1/status", token=None)
+    journal = json.dumps([e.message for e in api.sim.daemon.store.journal(limit=10_000)])
+    shown = [api.metrics(), json.dumps(status), journal, caplog.text]
+    for secret in ("alice-secret", "alice-secreX", "bare-secret"):
+        assert not any(secret in text for text in shown), secret

@@ -213,3 +213,10 @@ def test_a_nan_or_infinite_answer_cannot_answer_and_fails_closed(
     verdict = _safety(fleet, **queries).check()
     assert not verdict.allowed
     assert "not a count" in verdict.reason and "failing closed" in verdict.reason
+
+
+def test_the_password_in_the_prometheus_url_is_never_shown() -> None:
+    url = f"http://fleet:hunter2@127.0.0.1:{free_port()}"
+    verdict = FleetSafety(FleetSafetyConfig(prometheus_url=url, timeout=2.0)).check()
+    assert not verdict.allowed and "fleet:***@127.0.0.1" in verdict.reason
+    assert "hunter2" not in verdict.reason

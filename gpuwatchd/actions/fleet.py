@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.settings import Seconds
+from gpuwatchd.text import redacted
 
 DRAINED_QUERY = "count(max by (instance) (gpuwatchd_scheduler_drained == 1))"
 NEW_DRAINS_QUERY = (
@@ -118,7 +119,8 @@ class FleetSafety:
             with urllib.request.urlopen(url, timeout=self.config.timeout) as response:
                 document = json.load(response)
         except (urllib.error.URLError, OSError, ValueError) as error:
-            raise QueryError(f"{url}: {getattr(error, 'reason', error)}") from error
+            why = getattr(error, "reason", error)
+            raise QueryError(f"{redacted(url)}: {why}") from error
         return _number(document, expression)
 
 
