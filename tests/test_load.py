@@ -74,7 +74,7 @@ def _resources(state_dir: Path) -> tuple[int, int, int, int]:
     return resident, len(os.listdir("/proc/self/fd")), threading.active_count(), database
 
 
-SOAK_POLLS = int(os.environ.get("GPUWATCHD_SOAK_POLLS", "5000"))
+SOAK_POLLS = int(os.environ.get("GPUWATCHD_SOAK_POLLS", "1000"))
 
 
 @pytest.mark.slow
