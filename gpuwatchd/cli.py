@@ -51,6 +51,7 @@ from gpuwatchd.config import (
     load_config,
     parse_listen,
 )
+from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
 from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
@@ -201,27 +202,13 @@ def run(
             daemon = build_daemon(config, clock, simulate, stack)
         except (SourceUnavailable, ScenarioError) as error:
             raise click.ClickException(str(error)) from error
-        host, port = parse_listen(config.daemon.listen)
         _prepare_token_file(config.token_file)
-        try:
-            server = StatusServer(
-                (host, port),
-                daemon.registry,
-                lambda: daemon.snapshot,
-                max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
-                clock_now=clock.now,
-                control=daemon,
-                token_file=config.token_file,
-                api=config.api,
-            )
-        except ssl.SSLError as error:
-            raise click.ClickException(f"cannot use the TLS certificate or key: {error}") from error
-        except OSError as error:
-            raise click.ClickException(
-                f"cannot listen on {config.daemon.listen}: {error.strerror}"
-            ) from error
-        server.start()
+        # With api.listen the control API listens apart from /metrics.
+        apart = config.api.listen is not None
+        server = _listen(config, daemon, clock, config.daemon.listen, control=not apart)
         stack.callback(server.stop)
+        if config.api.listen is not None:
+            stack.callback(_listen(config, daemon, clock, config.api.listen, control=True).stop)
 
         def stop(signum: int, frame: FrameType | None) -> None:
             log.info("received %s, stopping", signal.Signals(signum).name)
@@ -272,6 +259,29 @@ def _tell_where(state_dir: str, url: str, config: Config) -> None:
     )
 
 
+def _listen(
+    config: Config, daemon: Daemon, clock: SystemClock, listen: str, control: bool
+) -> StatusServer:
+    """A started listener on `listen`: with the control API, or status only."""
+    try:
+        server = StatusServer(
+            parse_listen(listen),
+            daemon.registry,
+            lambda: daemon.snapshot,
+            max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
+            clock_now=clock.now,
+            control=daemon if control else None,
+            token_file=config.token_file,
+            api=config.api,
+        )
+    except ssl.SSLError as error:
+        raise click.ClickException(f"cannot use the TLS certificate or key: {error}") from error
+    except OSError as error:
+        raise click.ClickException(f"cannot listen on {listen}: {error.strerror}") from error
+    server.start()
+    return server
+
+
 def _prepare_token_file(path: str) -> None:
     try:
         if ensure_token_file(path):
@@ -298,7 +308,7 @@ def _exposed(path: str) -> str | None:
 
 
 def _local_url(config: Config) -> str:
-    host, port = parse_listen(config.daemon.listen)
+    host, port = parse_listen(config.api.listen or config.daemon.listen)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return base_url(host, port, tls=bool(config.api.tls_cert_file))

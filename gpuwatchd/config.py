@@ -28,6 +28,8 @@ DEFAULT_LISTEN = "127.0.0.1:9477"
 DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
 SOURCE_NAMES = ("nvml", "infiniband", "canary")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# A shorter interval is a busy loop, not monitoring.
+MIN_POLL_INTERVAL = 0.1
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -51,10 +53,15 @@ class DaemonConfig:
     # How much history each subject keeps for the checks' windows.
     history: Seconds = 3600.0
     log_level: str = "info"
+    # Journal entries older than this are deleted (hourly), so that the state
+    # database stays bounded; gpuwatchd's own drain records are kept.
+    journal_retention: Seconds = 90 * 86400.0
 
     def __post_init__(self) -> None:
-        if self.poll_interval <= 0:
-            raise ValueError("poll_interval must be more than 0s")
+        if self.poll_interval < MIN_POLL_INTERVAL:
+            raise ValueError(
+                f"poll_interval must be at least {MIN_POLL_INTERVAL:g}s (less is a busy loop)"
+            )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
 

@@ -15,33 +15,51 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpuwatchd.actions.dispatch import Actions
+from gpuwatchd.actions.scheduler import DRAIN_NOTE
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
 from gpuwatchd.checks import CheckOutput, gpu_lost
 from gpuwatchd.checks.infiniband import learned_ports
-from gpuwatchd.checks.registry import CheckInputs, run_all
+from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import make_registry
 from gpuwatchd.history import History
-from gpuwatchd.model import Decision, GpuSample, Quarantine, Reading, Severity
+from gpuwatchd.model import Decision, Finding, GpuSample, Quarantine, Reading, Severity
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import Source
-from gpuwatchd.store import JournalEntry, StateConflict, Store, StoreError, read_boot_id
+from gpuwatchd.store import (
+    JournalEntry,
+    StateConflict,
+    Store,
+    StoreError,
+    UnsavedPoll,
+    read_boot_id,
+)
 
 log = logging.getLogger(__name__)
 
 # The state database fact that holds the InfiniBand ports seen ACTIVE (Store.fact).
 EXPECTED_PORTS = "infiniband_ports_seen_active"
+# A difference between the wall clock and the daemon's reckoning that is a
+# step, not the drift of a poll's few instructions.
+WALL_STEP_SECONDS = 1.0
+# Polls with something to journal kept while the database cannot be written:
+# about a day of a fault raised and cleared every poll at the default interval.
+MAX_UNSAVED_POLLS = 10_000
+STORE_CHECK = "store"
+REFUSED_NOTES_PER_MINUTE = 10
+JOURNAL_PRUNE_EVERY = 3600.0
 
 
 def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot:
@@ -62,14 +80,35 @@ def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot
     )
 
 
-def open_store(state_dir: str) -> Store:
-    """The state database, or an in-memory one when it cannot be used: the
-    daemon keeps monitoring and exports gpuwatchd_state_persisted 0."""
+def open_store(state_dir: str, now: float) -> tuple[Store, str | None]:
+    """The state database, and what was lost on the way when it was damaged
+    (it is moved aside and a new one started), or an in-memory one when it
+    cannot be used: the daemon keeps monitoring and exports
+    gpuwatchd_state_persisted 0."""
     try:
-        return Store.open(state_dir)
+        return Store.open(state_dir), None
     except StoreError as error:
-        log.error("%s; decisions will not survive a restart", error)
-        return Store.in_memory()
+        if not error.damaged:
+            log.error("%s; decisions will not survive a restart", error)
+            return Store.in_memory(), None
+        aside = f"{error.path}.damaged-{int(now)}"
+        try:
+            for suffix in ("-wal", "-shm", ""):
+                if os.path.exists(error.path + suffix):
+                    os.rename(error.path + suffix, aside + suffix)
+            store = Store.open(state_dir)
+        except (OSError, StoreError) as again:
+            log.error(
+                "%s; cannot move it aside: %s; decisions will not survive a restart", error, again
+            )
+            return Store.in_memory(), None
+        lost = (
+            f"the state database was damaged ({error.problem.split(';')[0]}) and was moved "
+            f"aside to {aside}: its quarantines, journal and queued webhook events are lost; "
+            "check this node's scheduler drains by hand"
+        )
+        log.critical("%s", lost)
+        return store, lost
 
 
 def _boot_id(path: str | None) -> str:
@@ -99,11 +138,26 @@ class Daemon:
         self.history = History(max_age_seconds=config.daemon.history)
         self.stop_event = threading.Event()
         self._polls = 0
-        self.store = open_store(config.daemon.state_dir)
+        now = clock.now()
+        self.store, lost = open_store(config.daemon.state_dir, now)
         self._persisted = self.store.persistent
         if canary is not None:
             canary.keep_history(self.store)
-        now = clock.now()
+        # Polls whose journal rows and webhook events the database could not take yet.
+        self._unsaved: list[UnsavedPoll] = []
+        self._store_findings: tuple[Finding, ...] = ()
+        if lost is not None:
+            self._store_findings = (
+                Finding(
+                    subject=NODE,
+                    check=STORE_CHECK,
+                    code="state_lost",
+                    severity=Severity.WARN,
+                    message=lost,
+                    evidence={"path": self.store.path},
+                ),
+            )
+            self._write(lambda: self.store.note("state_lost", NODE, lost, now))
         self.boot_id = _boot_id(boot_id_path)
         self._write(lambda: self.store.record_boot(self.boot_id, now))
         # The last samples of the previous run make the first rates right.
@@ -125,6 +179,9 @@ class Daemon:
         # Serialises judging between the poll loop and the API's manual changes.
         self._judging = threading.Lock()
         self._checked = CheckOutput(findings=(), measurements=())
+        self._check_errors: dict[str, str] = {}
+        # The wall clock's lead over the daemon's reckoning (clock.py), last seen.
+        self._wall_offset = clock.wall() - now
         webhooks, schedulers = self.actions.status()
         self._snapshot = Snapshot(
             time=now, quarantines=self.state.quarantines, webhooks=webhooks, schedulers=schedulers
@@ -132,6 +189,16 @@ class Daemon:
         self.registry: CollectorRegistry
         self._poll_duration: Histogram
         self.registry, self._poll_duration = make_registry(lambda: self._snapshot)
+        self._refused_total = Counter(
+            "gpuwatchd_api_refused_requests",
+            "Control API writes refused (no or a wrong token), journaled or not.",
+            registry=self.registry,
+        )
+        self._refused_lock = threading.Lock()
+        self._refused_window = -math.inf
+        self._refused_notes = 0
+        self._refused_left_out = 0
+        self._pruned = -math.inf
 
     @property
     def snapshot(self) -> Snapshot:
@@ -143,6 +210,41 @@ class Daemon:
         except StoreError as error:
             log.error("%s", error)
             self._persisted = False
+
+    def _keep_unsaved(self, error: StoreError, poll: UnsavedPoll) -> None:
+        """Keep what `poll` could not write, for the next poll to write."""
+        if self._persisted:
+            log.error("%s; decisions are kept in memory and written when it can be", error)
+        self._persisted = False
+        readings = tuple(r for r in poll.readings if r.xid_events)
+        poll = replace(poll, readings=readings)
+        if poll.empty:
+            return
+        self._unsaved.append(poll)
+        if len(self._unsaved) > MAX_UNSAVED_POLLS:
+            dropped = self._unsaved.pop(0)
+            log.error(
+                "%d polls wait for the state database: the journal and webhook events of "
+                "the oldest (%s) are dropped",
+                MAX_UNSAVED_POLLS,
+                dropped.now,
+            )
+
+    def _reopen_if_replaced(self) -> None:
+        """A database file removed under the running daemon is made anew from
+        what it holds in memory. Holds `_judging`."""
+        try:
+            if not self.store.reopen_if_replaced():
+                return
+            log.error(
+                "state database %s was removed or replaced while the daemon ran: a new one is "
+                "written from memory (the journal and queued webhook events in the old one "
+                "are lost)",
+                self.store.path,
+            )
+            self.state = self.store.restore(self.state)
+        except StoreError as error:
+            log.error("%s", error)
 
     def _poll_source(self, source: Source, now: float) -> Reading:
         try:
@@ -186,8 +288,9 @@ class Daemon:
         boots = self.store.boot_record()
         self._learn_gpus(readings, now)
         inputs = CheckInputs(self.history, now, boots, self._known_gpus, self._expected_ports)
-        checked = run_all(inputs, self.config.checks)
-        gathered = _gathered(readings, now, self._polls)
+        run = run_all(inputs, self.config.checks)
+        checked = self._carry_failed_checks(run)
+        gathered = replace(_gathered(readings, now, self._polls), check_errors=run.failed)
         canary = self._poll_canary(now, gathered.gpus)
         if canary is not None:
             checked = replace(checked, findings=(*checked.findings, *canary.findings))
@@ -196,6 +299,20 @@ class Daemon:
             self._checked = checked
             result = self._judge(now, readings, self.boot_id)
             return self._publish(gathered, result)
+
+    def _carry_failed_checks(self, run: ChecksRun) -> CheckOutput:
+        """This poll's output, with the last findings of each check that failed
+        now: a check's bug neither raises nor clears what it last found."""
+        for name, error in run.failed.items():
+            if self._check_errors.get(name) != error:
+                log.error("check %s failed: %s; its last findings stand", name, error)
+        for name in self._check_errors.keys() - run.failed.keys():
+            log.warning("check %s works again", name)
+        self._check_errors = dict(run.failed)
+        if not run.failed:
+            return run.output
+        kept = tuple(f for f in self._checked.findings if f.check in run.failed)
+        return replace(run.output, findings=(*run.output.findings, *kept))
 
     def _poll_canary(self, now: float, gpus: Sequence[GpuSample]) -> CanaryView | None:
         """Start due canary bursts on this poll's GPUs and collect finished
@@ -215,28 +332,36 @@ class Daemon:
     ) -> PolicyResult:
         """Policy over the last checks' findings and the actions' own, saved
         with the poll's readings and webhook events. Holds `_judging`."""
-        findings = (*self._checked.findings, *self.actions.findings())
+        findings = (*self._checked.findings, *self.actions.findings(), *self._store_findings)
         subjects = observed_subjects(self.history)
+        self._reopen_if_replaced()
         for _ in range(3):
             result = evaluate(findings, self.state, now, self.config.policy, subjects)
+            events = self.actions.events(result)
             try:
                 self.state = self.store.save_poll(
                     result,
                     now=now,
                     boot_id=boot_id,
                     readings=readings,
-                    events=self.actions.events(result),
+                    events=events,
+                    earlier=self._unsaved,
                 )
-                self._persisted = self.store.persistent
-                break
             except StateConflict:
                 # An operator quarantined or released something since we read
                 # the state: judge again on top of their change.
                 self.state = self.store.load_state()
             except StoreError as error:
-                log.error("%s", error)
+                self._keep_unsaved(error, UnsavedPoll(result, now, boot_id, readings, events))
                 self.state = result.state
-                self._persisted = False
+                break
+            else:
+                if self._unsaved:
+                    log.warning(
+                        "state database writable again: %d polls written", len(self._unsaved)
+                    )
+                self._unsaved.clear()
+                self._persisted = self.store.persistent
                 break
         self._log_changes(result)
         return result
@@ -270,6 +395,7 @@ class Daemon:
         returns; None when the subject was already quarantined."""
         with self._judging:
             now = self.clock.now()
+            self._reopen_if_replaced()
             events = self.actions.manual_events(operator)
             decision = self.store.quarantine(subject, reason, operator, now, events)
             if decision is not None:
@@ -281,6 +407,7 @@ class Daemon:
         """An operator's release; None when the subject was not quarantined."""
         with self._judging:
             now = self.clock.now()
+            self._reopen_if_replaced()
             events = self.actions.manual_events(operator)
             decision = self.store.release(subject, operator, now, reason, events)
             if decision is not None:
@@ -297,8 +424,25 @@ class Daemon:
         return self.store.journal(since=since, subject=subject, limit=limit)
 
     def refused(self, message: str) -> None:
+        """A refused write: counted on /metrics, and logged and journaled up to
+        REFUSED_NOTES_PER_MINUTE a minute, so that whoever reaches the
+        listener can neither flood the log nor grow the database."""
+        self._refused_total.inc()
+        now = self.clock.now()
+        with self._refused_lock:
+            if now - self._refused_window >= 60.0:
+                left_out, self._refused_left_out = self._refused_left_out, 0
+                self._refused_window, self._refused_notes = now, 0
+                if left_out:
+                    message = (
+                        f"{message} ({left_out} more refused in the minute before, not logged)"
+                    )
+            if self._refused_notes >= REFUSED_NOTES_PER_MINUTE:
+                self._refused_left_out += 1
+                return
+            self._refused_notes += 1
         log.warning("%s", message)
-        self._write(lambda: self.store.note("api_refused", NODE, message, self.clock.now()))
+        self._write(lambda: self.store.note("api_refused", NODE, message, now))
 
     def _rejudge(self, now: float) -> None:
         """Judge the last poll's findings again on top of a manual change, so
@@ -326,6 +470,7 @@ class Daemon:
         """One poll of every source; returns the Snapshot it published."""
         started = time.perf_counter()
         now = self.clock.now()
+        self._watch_wall_clock(now)
         if self.before_poll is not None:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
@@ -335,6 +480,7 @@ class Daemon:
         self._learn_ports(readings, now)
         self._polls += 1
         snapshot = self._decide(readings, now)
+        self._prune_journal(now)
         self._poll_duration.observe(time.perf_counter() - started)
         return snapshot
 
@@ -362,6 +508,33 @@ class Daemon:
             self._expected_ports |= new
             ports = sorted(self._expected_ports)
             self._write(lambda: self.store.record_fact(EXPECTED_PORTS, ports, now))
+
+    def _prune_journal(self, now: float) -> None:
+        if now - self._pruned < JOURNAL_PRUNE_EVERY:
+            return
+        self._pruned = now
+        before = now - self.config.daemon.journal_retention
+        try:
+            pruned = self.store.prune_journal(before, keep_kinds=(DRAIN_NOTE,))
+        except StoreError as error:
+            log.error("%s", error)
+            return
+        if pruned:
+            log.info("deleted %d journal entries older than the retention", pruned)
+
+    def _watch_wall_clock(self, now: float) -> None:
+        """Say when the wall clock steps: windows, rates and confirmation keep
+        the daemon's monotonic reckoning, and so do its timestamps until it
+        restarts."""
+        offset = self.clock.wall() - now
+        if abs(offset - self._wall_offset) > WALL_STEP_SECONDS:
+            log.warning(
+                "the wall clock stepped by %+.1fs; polling, windows and confirmation go on "
+                "unchanged, and timestamps stay %+.1fs from the wall clock until restart",
+                offset - self._wall_offset,
+                -offset,
+            )
+            self._wall_offset = offset
 
     def run(self, notifier: Notifier | None = None) -> None:
         """Poll until `stop()`; each poll starts one interval after the last one started.

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
 from gpuwatchd.canary import export as canary
+from gpuwatchd.checks.registry import CHECK_NAMES
 from gpuwatchd.export import actions, gpu, health, infiniband
 from gpuwatchd.snapshot import Snapshot
 
@@ -34,6 +35,14 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     for name, ok in sorted(snapshot.source_up.items()):
         up.add_metric([name], float(ok))
     yield up
+    failed = GaugeMetricFamily(
+        "gpuwatchd_check_failed",
+        "1 when the check raised an error in the last poll (its findings are missing), else 0.",
+        labels=("check",),
+    )
+    for name in CHECK_NAMES:
+        failed.add_metric([name], float(name in snapshot.check_errors))
+    yield failed
     yield GaugeMetricFamily(
         "gpuwatchd_last_poll_timestamp_seconds",
         "When the daemon last finished a poll, in seconds since the epoch.",

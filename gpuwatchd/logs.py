@@ -9,6 +9,8 @@ import datetime
 import logging
 import sys
 
+from gpuwatchd.text import escape_unprintable
+
 _SYSLOG_LEVELS = {
     logging.DEBUG: 7,
     logging.INFO: 6,
@@ -19,7 +21,12 @@ _SYSLOG_LEVELS = {
 
 
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A logfmt value: quotes and backslashes escaped, a new line as \\n, and
+    every other character that is not printable text (a terminal escape, a
+    bidi override) as its Python escape: no text a client chose can drive
+    the terminal that shows the log."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escape_unprintable(escaped)}"'
 
 
 class JournalFormatter(logging.Formatter):

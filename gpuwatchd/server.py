@@ -24,6 +24,7 @@ journaled. With a certificate and key configured the listener speaks TLS.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import json
 import logging
@@ -31,9 +32,13 @@ import os
 import secrets
 import socket
 import ssl
+import stat
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -41,11 +46,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from gpuwatchd.actions.manual import check_on_node, check_text, node_subjects, resolve_subject
+from gpuwatchd.actions.manual import (
+    check_on_node,
+    check_text,
+    node_subjects,
+    resolve_subject,
+)
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
 from gpuwatchd.store import JournalEntry, StoreError
+from gpuwatchd.text import shown
 from gpuwatchd.units import parse_moment
 
 log = logging.getLogger(__name__)
@@ -59,6 +70,15 @@ MAX_OPERATOR_CHARS = 64
 # connections cannot hold the listener's threads.
 REQUEST_TIMEOUT_SECONDS = 30.0
 SHUTDOWN_POLL_SECONDS = 0.1
+MAX_TOKEN_FILE_BYTES = 1 << 16
+# Connections the kernel queues before the listener accepts them: a fleet's
+# scrapers and a burst of API clients (socketserver's default is 5).
+LISTEN_BACKLOG = 1024
+# Connections served at once; more are closed at once. Well under the usual
+# 1024 file descriptors, so that a flood of idle connections cannot starve
+# the sources of descriptors or the listener of threads.
+MAX_CONNECTIONS = 256
+WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
 
 
 def _check_positive(value: int) -> None:
@@ -78,9 +98,18 @@ class ApiConfig:
     tls_key_file: str | None = None
     # A write request's body may be at most this long.
     max_body_bytes: int = 65536
+    # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
+    # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
+    # and can be the cluster address while the API stays on loopback.
+    # null: the API is served on daemon.listen.
+    listen: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self.max_body_bytes)
+        if self.listen is not None:
+            from gpuwatchd.config import parse_listen  # config imports this module
+
+            parse_listen(self.listen)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file go together")
 
@@ -91,9 +120,35 @@ class Token:
     secret: str
 
 
+class TokenFileError(OSError):
+    """A token file that must not be trusted: a symlink, not a regular file,
+    or open to its group or others."""
+
+
 def read_tokens(path: str) -> tuple[Token, ...]:
-    with open(path, encoding="utf-8") as handle:
-        lines = [line.strip() for line in handle]
+    """The tokens of `path`, which must be a regular file (not followed
+    through a symlink) that only its owner can read or write."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise TokenFileError(f"{path} is a symbolic link: refused") from error
+        raise
+    with os.fdopen(descriptor, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise TokenFileError(f"{path} is not a regular file: refused")
+        if status.st_mode & 0o077:
+            raise TokenFileError(
+                f"{path} has mode {stat.S_IMODE(status.st_mode):04o}, open to its group or "
+                f"others: refused until `chmod 600 {path}`"
+            )
+        data = handle.read(MAX_TOKEN_FILE_BYTES)
+    return _parse_tokens(data.decode("utf-8", "replace"))
+
+
+def _parse_tokens(text: str) -> tuple[Token, ...]:
+    lines = [line.strip() for line in text.splitlines()]
     tokens = []
     for line in lines:
         if not line or line.startswith("#"):
@@ -105,7 +160,8 @@ def read_tokens(path: str) -> tuple[Token, ...]:
 
 def client_secret(path: str) -> str:
     """The secret a client sends: the file's first token."""
-    tokens = read_tokens(path)
+    with open(path, encoding="utf-8") as handle:
+        tokens = _parse_tokens(handle.read(MAX_TOKEN_FILE_BYTES))
     if not tokens:
         raise ValueError(f"{path} holds no token")
     return tokens[0].secret
@@ -158,8 +214,19 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS
     token: Token  # the write request's, once authenticated
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server answers a method it has no do_ for with 501, a server
+        # error; it is the client's: 405.
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here"
+        super().send_error(code, message, explain)
+
+    def version_string(self) -> str:
+        # The Server header names no Python version.
+        return self.server_version
+
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        log.debug("%s %s", self.address_string(), shown(format % args))
 
     def _send(
         self,
@@ -257,9 +324,10 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError as error:
                 log.error("cannot read the API token file %s: %s", self.server.token_file, error)
                 tokens = ()
-            match = next(
-                (t for t in tokens if hmac.compare_digest(t.secret, presented.strip())), None
-            )
+            # As bytes: compare_digest takes str only when it is ASCII, and
+            # a header may hold any byte (http.server decodes it as latin-1).
+            given = presented.strip().encode("latin-1", "replace")
+            match = next((t for t in tokens if hmac.compare_digest(t.secret.encode(), given)), None)
             if match is None:
                 why = "the bearer token is not valid"
             else:
@@ -268,7 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
             control = self.server.control
             if control is not None:
                 control.refused(
-                    f"{self.command} {self._path} from {self.client_address[0]} refused: {why}"
+                    f"{self.command} {shown(self._path)} from {self.client_address[0]} "
+                    f"refused: {why}"
                 )
             raise ApiError(401, why)
 
@@ -293,6 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(length_header)
         except ValueError as error:
             raise ApiError(400, "Content-Length is not a number") from error
+        if length < 0:
+            raise ApiError(400, "Content-Length cannot be negative")
         if length > self.server.max_body_bytes:
             raise ApiError(413, f"the body is larger than {self.server.max_body_bytes} bytes")
         raw = self.rfile.read(length)
@@ -302,8 +373,14 @@ class _Handler(BaseHTTPRequestHandler):
             document = json.loads(raw)
         except ValueError as error:
             raise ApiError(400, f"the body is not JSON: {error}") from error
+        except RecursionError as error:
+            raise ApiError(400, "the body is JSON nested too deeply") from error
         if not isinstance(document, dict):
             raise ApiError(400, "the body must be a JSON object")
+        unknown = sorted(set(document) - WRITE_FIELDS)
+        if unknown:
+            fields = ", ".join(shown(name, 40) for name in unknown[:5])
+            raise ApiError(400, f"unknown field(s): {fields} (known: operator, reason, subject)")
         return document
 
     def _subject(self, text: object, control: Control) -> str:
@@ -353,11 +430,18 @@ class _Handler(BaseHTTPRequestHandler):
         since = _since(query.get("since"), control.now())
         subject = query.get("subject")
         try:
-            limit = min(int(query.get("limit", MAX_JOURNAL_ENTRIES)), MAX_JOURNAL_ENTRIES)
+            limit = int(query.get("limit", MAX_JOURNAL_ENTRIES))
         except ValueError as error:
             raise ApiError(400, "limit must be a whole number") from error
-        entries = control.journal(since, subject, limit)
-        return 200, {"entries": [dataclasses.asdict(entry) for entry in entries]}
+        if not 0 <= limit <= MAX_JOURNAL_ENTRIES:
+            raise ApiError(400, f"limit must be 0 to {MAX_JOURNAL_ENTRIES}")
+        # One more than asked says whether older entries were left out.
+        entries = control.journal(since, subject, limit + 1)
+        kept = entries[len(entries) - limit :] if limit else ()
+        return 200, {
+            "entries": [dataclasses.asdict(entry) for entry in kept],
+            "truncated": len(entries) > limit,
+        }
 
 
 def _quarantines_json(control: Control) -> list[dict[str, Any]]:
@@ -382,6 +466,7 @@ def base_url(host: str, port: int, tls: bool) -> str:
 
 class StatusServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self,
@@ -411,6 +496,45 @@ class StatusServer(ThreadingHTTPServer):
         self.token_file = token_file
         self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
+        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.turned_away = 0  # connections closed at once, over MAX_CONNECTIONS
+
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            return super().get_request()
+        except OSError as error:
+            if error.errno in (errno.EMFILE, errno.ENFILE):
+                # The connection stays queued: without a pause the accept loop
+                # would spin on it at full CPU until a descriptor is free.
+                log.warning("cannot accept a connection: %s", error.strerror)
+                time.sleep(SHUTDOWN_POLL_SECONDS)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._connections.acquire(blocking=False):
+            self.turned_away += 1
+            log.debug("%s turned away: %d connections open", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is one debug line; anything else a logged traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError | ssl.SSLError):
+            log.debug("%s: connection ended: %s", client_address[0], error)
+        else:
+            log.exception("request from %s failed", client_address[0])
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The TLS handshake runs here, in the request's own thread: a slow or

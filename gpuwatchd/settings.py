@@ -80,6 +80,8 @@ class _Loader:
                 for extra in extras:
                     if isinstance(extra, Check):
                         extra.check(value)
+            except SettingsError:
+                raise
             except ValueError as error:
                 self.fail(node, key, str(error))
             return value
@@ -115,7 +117,10 @@ class _Loader:
     def scalar(self, node: yaml.Node, key: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             self.fail(node, key, "expected a single value, not a list or mapping")
-        return yaml.safe_load(yaml.serialize(node))
+        try:
+            return yaml.safe_load(yaml.serialize(node))
+        except yaml.YAMLError as error:
+            self.fail(node, key, f"cannot read this value: {getattr(error, 'problem', error)}")
 
     def plain(self, tp: Any, node: yaml.Node, key: str) -> Any:
         value = self.scalar(node, key)
@@ -184,12 +189,67 @@ class _Loader:
         return blamed
 
 
+# Limits on a YAML document (config or scenario), checked before it is built:
+# what a person writes is far below them, a YAML bomb far above.
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000  # values, with every alias counted as what it stands for
+
+
+def check_yaml_limits(text: str, filename: str) -> None:
+    """Raise SettingsError when `text` is larger, deeper or (through aliases)
+    expands to more values than any real settings file. Walks the parser's
+    events, which needs no recursion and expands nothing."""
+    if len(text) > MAX_YAML_BYTES:
+        raise SettingsError(filename, None, "", f"larger than {MAX_YAML_BYTES} bytes")
+    sizes: dict[str, int] = {}  # anchor -> how many values it stands for
+    open_nodes: list[tuple[int, str | None]] = []  # (values so far, anchor)
+    expanded = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            line = event.start_mark.line + 1 if event.start_mark is not None else None
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_nodes.append((expanded, event.anchor))
+                expanded += 1
+                if len(open_nodes) > MAX_YAML_DEPTH:
+                    raise SettingsError(
+                        filename,
+                        line,
+                        "",
+                        f"nested deeper than {MAX_YAML_DEPTH} levels",
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                before, anchor = open_nodes.pop()
+                if anchor is not None:
+                    sizes[anchor] = expanded - before
+            elif isinstance(event, yaml.ScalarEvent):
+                expanded += 1
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+            elif isinstance(event, yaml.AliasEvent):
+                expanded += sizes.get(event.anchor or "", 1)
+            if expanded > MAX_YAML_NODES:
+                raise SettingsError(
+                    filename,
+                    line,
+                    "",
+                    f"expands to more than {MAX_YAML_NODES} values (aliases counted in full)",
+                )
+    except yaml.YAMLError as error:
+        raise _invalid(filename, error) from error
+
+
+def _invalid(filename: str, error: yaml.YAMLError) -> SettingsError:
+    return SettingsError(filename, *_yaml_problem(error))
+
+
 def load(cls: type[T], text: str, filename: str = "<config>") -> T:
     """Build `cls` from YAML text; an empty document gives the defaults."""
+    check_yaml_limits(text, filename)
     try:
         node = yaml.compose(text)
     except yaml.YAMLError as error:
-        raise SettingsError(filename, *_yaml_problem(error)) from error
+        raise _invalid(filename, error) from error
     loader = _Loader(filename)
     if node is None:
         return loader.dataclass(cls, yaml.ScalarNode("tag:yaml.org,2002:null", ""), "")
@@ -211,10 +271,19 @@ def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str]:
     return line, "", f"not valid YAML: {problem}"
 
 
-def load_file(cls: type[T], path: str) -> T:
+def read_text(path: str) -> str:
+    """A settings file's text; SettingsError when it cannot be read or is not UTF-8."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_YAML_BYTES + 1)
     except OSError as error:
         raise SettingsError(path, None, "", f"cannot read: {error.strerror}") from error
-    return load(cls, text, path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SettingsError(path, line, "", f"not UTF-8 text: {error.reason}") from error
+
+
+def load_file(cls: type[T], path: str) -> T:
+    return load(cls, read_text(path), path)

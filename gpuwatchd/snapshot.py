@@ -54,6 +54,8 @@ class Snapshot:
     # Enabled sources: True when the last poll worked; the error text when not.
     source_up: Mapping[str, bool] = field(default_factory=dict)
     source_errors: Mapping[str, str] = field(default_factory=dict)
+    # Checks that raised in the last poll: name -> the error.
+    check_errors: Mapping[str, str] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
     measurements: tuple[Measurement, ...] = ()
     health: Mapping[str, Health] = field(default_factory=dict)  # subject -> state

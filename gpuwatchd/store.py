@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -176,6 +176,33 @@ class StoreError(RuntimeError):
         self.path = path
         self.problem = problem
 
+    @property
+    def damaged(self) -> bool:
+        """The file is not a sound sqlite database (as opposed to one that
+        cannot be reached, written or is newer than this gpuwatchd)."""
+        return self.problem.startswith(
+            ("not a readable sqlite database", "the database is damaged")
+        )
+
+
+@dataclass(frozen=True)
+class UnsavedPoll:
+    """What a poll wanted written beside the state when the database could
+    not take it: kept by the daemon and written with a later poll."""
+
+    result: PolicyResult
+    now: float
+    boot_id: str | None
+    readings: tuple[Reading, ...]  # those with XID events
+    events: tuple[OutboxEvent, ...]
+
+    @property
+    def empty(self) -> bool:
+        r = self.result
+        return not (
+            r.raised or r.cleared or r.changes or r.decisions or self.events or self.readings
+        )
+
 
 class StateConflict(RuntimeError):
     """The state changed in the database (a manual quarantine or release) since
@@ -255,29 +282,37 @@ class Store:
         self._lock = threading.RLock()
         self.path = path
         self.persistent = persistent
+        self._identity: tuple[int, int] | None = None
 
     @classmethod
     def open(cls, state_dir: str) -> Store:
         path = os.path.join(state_dir, DB_NAME)
         try:
-            os.makedirs(state_dir, exist_ok=True)
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
         except OSError as error:
             raise StoreError(
                 path, f"cannot create the state directory: {error.strerror}"
             ) from error
-        try:
-            connection = sqlite3.connect(
-                path, timeout=10.0, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.DatabaseError as error:
-            raise StoreError(path, _explain(error)) from error
-        store = cls(connection, path, persistent=True)
+        store = cls(_connect(path), path, persistent=True)
         try:
             store._prepare(wal=True)
         except StoreError:
-            connection.close()
+            store.close()
             raise
         return store
+
+    def reopen_if_replaced(self) -> bool:
+        """When the database file was removed or replaced since it was opened
+        (sqlite would go on writing to the removed file, lost at exit), start
+        a new one at its path and return True: the caller writes its state
+        into it. Raises StoreError when that cannot be done."""
+        if not self.persistent or self._identity == _identity(self.path):
+            return False
+        with self._lock:
+            self._db.close()
+            self._db = _connect(self.path)
+            self._prepare(wal=True)
+        return True
 
     @classmethod
     def in_memory(cls) -> Store:
@@ -328,11 +363,13 @@ class Store:
         boot_id: str | None = None,
         readings: Iterable[Reading] = (),
         events: Sequence[OutboxEvent] = (),
+        earlier: Sequence[UnsavedPoll] = (),
     ) -> PolicyState:
         """Write one poll in one transaction: its quarantines, policy state,
         journal, XIDs (under `boot_id`), the readings' samples and the webhook
-        events it raised. Raises StateConflict, writing nothing, when the state
-        changed since it was read."""
+        events it raised, after the journal, XIDs and events of the `earlier`
+        polls that could not be written. Raises StateConflict, writing
+        nothing, when the state changed since it was read."""
         readings = tuple(readings)
         with self._writing() as db:
             revision = self._revision(db)
@@ -341,15 +378,25 @@ class Store:
                     f"state revision {revision} in the database, {result.state.revision} evaluated"
                 )
             changed = self._write_state(db, result.state)
-            self._journal_poll(db, result, now)
-            if boot_id is not None:
-                self._record_xids(db, boot_id, readings, now)
+            for poll in (*earlier, UnsavedPoll(result, now, boot_id, readings, tuple(events))):
+                self._journal_poll(db, poll.result, poll.now)
+                if poll.boot_id is not None:
+                    self._record_xids(db, poll.boot_id, poll.readings, poll.now)
+                _enqueue(db, poll.events)
             self._record_samples(db, readings)
-            _enqueue(db, events)
             if changed:
                 revision += 1
                 db.execute("UPDATE policy_state SET revision = ?", (revision,))
         return PolicyState(result.state.subjects, result.state.quarantines, revision)
+
+    def restore(self, state: PolicyState) -> PolicyState:
+        """Write a state kept in memory into a database that lost it (one
+        made anew by `reopen_if_replaced`); the state with its new revision."""
+        with self._writing() as db:
+            self._write_state(db, state)
+            db.execute("UPDATE policy_state SET revision = revision + 1")
+            revision = self._revision(db)
+        return PolicyState(state.subjects, state.quarantines, revision)
 
     def quarantine(
         self,
@@ -392,8 +439,9 @@ class Store:
         limit: int = 1000,
         until: float | None = None,
     ) -> tuple[JournalEntry, ...]:
-        """Entries from `since` on, before `until` (oldest first), of one
-        subject or all, at most `limit`."""
+        """Entries from `since` on, before `until`, of one subject or all: the
+        newest `limit` of them (a window with more leaves its oldest out),
+        oldest first."""
         conditions = ["1"]
         parameters: list[Any] = []
         if since is not None:
@@ -405,10 +453,30 @@ class Store:
         if subject is not None:
             conditions.append("subject = ?")
             parameters.append(subject)
-        query = f"SELECT * FROM journal WHERE {' AND '.join(conditions)} ORDER BY id LIMIT ?"
+        query = f"SELECT * FROM journal WHERE {' AND '.join(conditions)} ORDER BY id DESC LIMIT ?"
         with self._reading() as db:
-            rows = db.execute(query, [*parameters, limit]).fetchall()
-        return tuple(_entry(row) for row in rows)
+            rows = db.execute(query, [*parameters, max(0, limit)]).fetchall()
+        return tuple(_entry(row) for row in reversed(rows))
+
+    def prune_journal(self, before: float, keep_kinds: Iterable[str]) -> int:
+        """Delete journal entries older than `before`, except those of
+        `keep_kinds`; how many were deleted."""
+        keep = tuple(keep_kinds)
+        marks = ", ".join("?" * len(keep)) or "NULL"
+        with self._writing() as db:
+            cursor = db.execute(
+                f"DELETE FROM journal WHERE time < ? AND kind NOT IN ({marks})", (before, *keep)
+            )
+        return cursor.rowcount
+
+    def notes(self, kind: str, prefix: str) -> tuple[str, ...]:
+        """The messages of the journal entries of `kind` that start with `prefix`."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT message FROM journal WHERE kind = ? AND substr(message, 1, ?) = ?",
+                (kind, len(prefix), prefix),
+            ).fetchall()
+        return tuple(row["message"] for row in rows)
 
     def note(
         self,
@@ -604,6 +672,8 @@ class Store:
 
     def _prepare(self, wal: bool) -> None:
         self._db.row_factory = sqlite3.Row
+        if self.persistent:
+            self._identity = _identity(self.path)
         with self._errors():
             if wal:
                 mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -808,6 +878,27 @@ class Store:
                     "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
                     (port.subject, reading.time, json.dumps(_encode_port(port))),
                 )
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    # The journal holds operators' names and reasons: not for other users.
+    # sqlite gives the -wal and -shm files the database's mode. Where this
+    # fails, sqlite's own open says why.
+    with suppress(OSError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    try:
+        return sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+    except sqlite3.DatabaseError as error:
+        raise StoreError(path, _explain(error)) from error
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The file at `path` (device, inode); None when there is none."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _insert(

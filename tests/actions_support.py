@@ -122,6 +122,14 @@ with open(calls_path, "a") as handle:
     handle.write(json.dumps(sys.argv[1:]) + "\\n")
 if state.get("hang"):
     time.sleep(30)
+if state.get("hang_in_child"):
+    # A wrapper script whose child holds the pipes: killing the script alone
+    # would leave the child running and the pipes open.
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    with open(state_path + ".child", "w") as handle:
+        handle.write(str(child.pid))
+    child.wait()
 if state.get("fail"):
     print("slurm_update error: Unable to contact slurm controller", file=sys.stderr)
     sys.exit(1)

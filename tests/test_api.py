@@ -5,7 +5,6 @@ on /metrics when the request returns; bodies are validated; TLS works."""
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 import stat
@@ -13,81 +12,20 @@ import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_support import SimulatedDaemon, simulated_daemon
+from api_support import SCENARIO, Api, api_on, serve
+from daemon_support import simulated_daemon
 
-from gpuwatchd.server import ApiConfig, StatusServer, ensure_token_file, read_tokens
-
-SCENARIO = "node: {gpus: 4, nvlinks: 4, hcas: 2}\nfaults: []\n"
-
-
-@dataclass
-class Api:
-    sim: SimulatedDaemon
-    server: StatusServer
-    secret: str
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        token: str | None = "",
-        raw: bytes | None = None,
-        context: ssl.SSLContext | None = None,
-    ) -> tuple[int, Any]:
-        headers = {"Content-Type": "application/json"}
-        token = self.secret if token == "" else token
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=5, context=context) as response:
-                return response.status, json.load(response)
-        except urllib.error.HTTPError as error:
-            return error.code, json.load(error)
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
-            text: str = response.read().decode()
-            return text
-
-
-def _serve(sim: SimulatedDaemon, token_file: Path, api: ApiConfig | None = None) -> StatusServer:
-    server = StatusServer(
-        ("127.0.0.1", 0),
-        sim.daemon.registry,
-        lambda: sim.daemon.snapshot,
-        60.0,
-        sim.clock.now,
-        control=sim.daemon,
-        token_file=str(token_file),
-        api=api,
-    )
-    server.start()
-    return server
+from gpuwatchd.server import ApiConfig, ensure_token_file, read_tokens
 
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
-    token_file = tmp_path / "api-token"
-    token_file.write_text("# operators\nalice:alice-secret\nbare-secret\n")
-    with simulated_daemon(SCENARIO, tmp_path) as sim:
-        sim.run_until(20)
-        server = _serve(sim, token_file)
-        try:
-            yield Api(sim, server, "alice-secret")
-        finally:
-            server.stop()
+    with api_on(tmp_path) as api:
+        yield api
 
 
 def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api: Api) -> None:
@@ -176,9 +114,10 @@ def test_a_body_that_makes_no_sense_is_a_4xx_with_a_message(
 def test_an_oversized_or_unparsable_body_is_refused(tmp_path: Path) -> None:
     token_file = tmp_path / "api-token"
     token_file.write_text("alice:s\n")
+    token_file.chmod(0o600)
     with simulated_daemon(SCENARIO, tmp_path) as sim:
         sim.run_until(10)
-        server = _serve(sim, token_file, ApiConfig(max_body_bytes=64))
+        server = serve(sim, token_file, ApiConfig(max_body_bytes=64))
         try:
             api = Api(sim, server, "s")
             big = {"subject": "gpu:1", "reason": "x" * 100}
@@ -240,10 +179,11 @@ def test_tls_serves_the_api_with_the_configured_certificate(tmp_path: Path) -> N
     )
     token_file = tmp_path / "api-token"
     token_file.write_text("alice:s\n")
+    token_file.chmod(0o600)
     tls = ApiConfig(tls_cert_file=str(cert), tls_key_file=str(key))
     with simulated_daemon(SCENARIO, tmp_path) as sim:
         sim.run_until(10)
-        server = _serve(sim, token_file, tls)
+        server = serve(sim, token_file, tls)
         try:
             api = Api(sim, server, "s")
             assert api.url.startswith("https://127.0.0.1:")

@@ -195,3 +195,28 @@ def test_over_the_limit_the_quarantine_stands_undrained_journaled_until_the_flee
     slurm.run_once(due)
     assert scontrol.state["state"] == "IDLE+DRAIN" and slurm.findings() == ()
     store.close()
+
+
+@pytest.mark.parametrize(
+    "queries",
+    [
+        {"drained_query": "0/0"},  # Prometheus answers NaN
+        {"nodes_query": "0/0"},
+        {"nodes_query": "1/0"},  # +Inf
+        {"new_drains_query": "-1/0"},
+    ],
+)
+def test_a_nan_or_infinite_answer_cannot_answer_and_fails_closed(
+    fleet: Fleet, queries: dict[str, str]
+) -> None:
+    fleet.drain()
+    verdict = _safety(fleet, **queries).check()
+    assert not verdict.allowed
+    assert "not a count" in verdict.reason and "failing closed" in verdict.reason
+
+
+def test_the_password_in_the_prometheus_url_is_never_shown() -> None:
+    url = f"http://fleet:hunter2@127.0.0.1:{free_port()}"
+    verdict = FleetSafety(FleetSafetyConfig(prometheus_url=url, timeout=2.0)).check()
+    assert not verdict.allowed and "fleet:***@127.0.0.1" in verdict.reason
+    assert "hunter2" not in verdict.reason

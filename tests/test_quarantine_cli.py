@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import getpass
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -232,3 +234,27 @@ def test_a_token_file_others_can_read_is_warned_of(tmp_path: Path) -> None:
         "quarantine", "add", "node", "--reason", "x", "--node", url, "--token-file", str(token)
     )
     assert "warning" not in again.stderr
+
+
+def test_with_the_api_apart_metrics_serve_no_control_and_the_cli_finds_the_api(
+    tmp_path: Path,
+) -> None:
+    api_port = free_port()
+    config = write_config(
+        tmp_path / "gpuwatchd.yaml",
+        tmp_path / "state",
+        free_port(),
+        {"api": {"listen": f"127.0.0.1:{api_port}"}},
+    )
+    with daemon_process(config) as running:
+        assert "gpuwatchd_source_up" in running.metrics()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{running.url}/api/v1/quarantines", timeout=5)
+        assert refused.value.code == 404
+        added = cli("quarantine", "add", "gpu:5", "--reason", "fan", "--config", str(config))
+        assert added.exit_code == 0, added.output
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{api_port}/api/v1/quarantines", timeout=5
+        ) as response:
+            assert "gpu:5" in [q["subject"] for q in json.load(response)["quarantines"]]
+        assert 'subject="gpu:5"' in _quarantined(running)

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from actions_support import FakeScontrol, fake_scontrol
+from actions_support import FakeScontrol, fake_scontrol, wait_for
 from click.testing import CliRunner
 
 from gpuwatchd.actions.fleet import FleetSafety, FleetSafetyConfig
@@ -255,3 +255,52 @@ def test_slurm_healthcheck_reads_the_state_database_when_the_daemon_hangs(
     assert result.exit_code == 1
     assert result.stdout == "gpuwatchd: node quarantined: node bad PSU\n"
     assert "the daemon did not answer" in result.stderr
+
+
+def test_a_drain_with_our_tag_that_the_journal_does_not_explain_is_never_lifted(
+    tmp_path: Path, store: Store
+) -> None:
+    # A daemon that lost its state: Slurm shows our drain of a hardware fault,
+    # the fresh journal knows nothing of it, and nothing wants it any more.
+    reason = "gpuwatchd: gpu:3 xid_hardware; node gpu_quarantine_ratio"
+    scontrol = fake_scontrol(tmp_path / "slurm", state="IDLE+DRAIN", reason=reason)
+    slurm = worker(scontrol, store)
+    slurm.update(snapshot())
+    slurm.run_once(T0)
+    assert scontrol.updates() == []
+    assert scontrol.state["state"] == "IDLE+DRAIN"
+    (finding,) = slurm.findings()
+    assert finding.code == "slurm_drain_unexplained" and "resume it by hand" in finding.message
+
+
+def test_a_drain_the_journal_records_is_lifted_by_a_restarted_worker(
+    scontrol: FakeScontrol, store: Store
+) -> None:
+    first = worker(scontrol, store)
+    first.update(snapshot(NODE_ECC))
+    first.run_once(T0)
+    restarted = worker(scontrol, store)
+    restarted.update(snapshot())
+    restarted.run_once(T0 + 10)
+    assert scontrol.updates()[-1] == ["update", "NodeName=gpu-node-7", "State=RESUME"]
+    assert restarted.findings() == ()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_hung_scontrol_wrapper_is_killed_with_its_children(
+    scontrol: FakeScontrol, store: Store
+) -> None:
+    scontrol.set(hang_in_child=True)
+    slurm = worker(scontrol, store, timeout=0.5)
+    slurm.update(snapshot(NODE_ECC))
+    slurm.run_once(T0)
+    assert "timed out after 0.5s" in slurm.findings()[0].message
+    child = int(Path(f"{scontrol.state_path}.child").read_text())
+    wait_for(lambda: not _running(child), "the wrapper's child to end")

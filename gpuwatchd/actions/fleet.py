@@ -18,6 +18,7 @@ a quarantine that fleet safety held back does not count as a drain.
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwatchd.settings import Seconds
+from gpuwatchd.text import redacted
 
 DRAINED_QUERY = "count(max by (instance) (gpuwatchd_scheduler_drained == 1))"
 NEW_DRAINS_QUERY = (
@@ -117,11 +119,21 @@ class FleetSafety:
             with urllib.request.urlopen(url, timeout=self.config.timeout) as response:
                 document = json.load(response)
         except (urllib.error.URLError, OSError, ValueError) as error:
-            raise QueryError(f"{url}: {getattr(error, 'reason', error)}") from error
+            why = getattr(error, "reason", error)
+            raise QueryError(f"{redacted(url)}: {why}") from error
         return _number(document, expression)
 
 
 def _number(document: Any, expression: str) -> float:
+    """The one finite, non-negative number of an answer: NaN or infinity
+    (a division by zero in a recording rule, say) cannot answer "how many"."""
+    number = _answer(document, expression)
+    if not math.isfinite(number) or number < 0:
+        raise QueryError(f"{expression} answers {number:g}, not a count")
+    return number
+
+
+def _answer(document: Any, expression: str) -> float:
     try:
         if document["status"] != "success":
             raise QueryError(f"{expression}: {document.get('error', document['status'])}")

@@ -47,6 +47,7 @@ import yaml
 from gpuwatchd.actions.scheduler import (
     ActionFailed,
     Gate,
+    Journaled,
     Outcome,
     SchedulerConfig,
     Unwell,
@@ -170,6 +171,12 @@ def _pem_file(user: Mapping[str, Any], field: str, base: Path, scratch: Path) ->
     return str(path)
 
 
+def node_tainted(node: Mapping[str, Any]) -> bool:
+    """Whether the node carries gpuwatchd's taint."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(t.get("key") == TAINT_KEY for t in taints)
+
+
 def node_name_default() -> str:
     """The downward API's NODE_NAME in a pod, else the hostname (the kubelet's
     default node name; a DaemonSet with hostNetwork sees the node's)."""
@@ -200,13 +207,14 @@ class Kubernetes:
             lines.append(f"set the conditions of {self.node}: {_describe(after.unwell) or 'none'}")
         return lines
 
-    def apply(self, want: Want, gate: Gate, done: list[str]) -> Outcome:
+    def apply(self, want: Want, gate: Gate, journaled: Journaled, done: list[str]) -> Outcome:
         api = self._api()
         path = f"/api/v1/nodes/{urllib.parse.quote(self.node)}"
         node = self._request(api, "GET", path, "kubernetes_read_failed")
-        drained, withheld = self._cordon(api, path, node, want, gate, done)
+        drained, withheld = self._cordon(api, path, node, want, gate, journaled, done)
         self._conditions(api, path, node, want.unwell, done)
-        return Outcome(drained=drained, withheld=withheld)
+        drained_for = want.drain_reason if drained and not node_tainted(node) else None
+        return Outcome(drained=drained, withheld=withheld, drained_for=drained_for)
 
     def _api(self) -> ApiServer:
         if self.config.kubeconfig:
@@ -223,12 +231,13 @@ class Kubernetes:
         node: Mapping[str, Any],
         want: Want,
         gate: Gate,
+        journaled: Journaled,
         done: list[str],
     ) -> tuple[bool, str | None]:
         metadata = node.get("metadata") or {}
         spec = node.get("spec") or {}
         taints = list(spec.get("taints") or [])
-        tainted = any(t.get("key") == TAINT_KEY for t in taints)
+        tainted = node_tainted(node)
         cordoned_by_us = (metadata.get("annotations") or {}).get(CORDONED) == "true"
         version = metadata.get("resourceVersion")
         if want.drain and not tainted:
@@ -249,6 +258,14 @@ class Kubernetes:
             )
             return True, None
         if not want.drain and (tainted or cordoned_by_us):
+            reason = str((metadata.get("annotations") or {}).get(REASON) or "")
+            if not journaled(reason):
+                raise ActionFailed(
+                    "kubernetes_drain_unexplained",
+                    f"{self.node} carries gpuwatchd's taint ({reason}) but the journal does "
+                    "not say why (state lost?): left in place; remove it by hand once the "
+                    "fault is ruled out",
+                )
             patch = {
                 "metadata": {
                     "resourceVersion": version,

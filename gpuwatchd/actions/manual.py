@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from gpuwatchd.model import GpuSample, PortSample
 from gpuwatchd.policy import NODE, validate_subject
+from gpuwatchd.text import printable
 
 # A reason becomes a metric label, a Slurm reason and a journal line: one
 # readable line, of a size all of them take.
@@ -54,8 +55,8 @@ def check_text(value: str, what: str, required: bool, max_chars: int = MAX_REASO
         raise ValueError(f"a {what} is required")
     if len(value) > max_chars:
         raise ValueError(f"the {what} is longer than {max_chars} characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"the {what} must be one line without control characters")
+    if not printable(value):
+        raise ValueError(f"the {what} must be one line of printable text (no control characters)")
     return value
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 CHECK = "actions"
 WITHHELD_CODE = "fleet_drain_withheld"
+# The journal kind of a drain made, which alone allows lifting it (Journaled).
+DRAIN_NOTE = "drain"
 # Schedulers keep reasons short; Slurm shows them in `sinfo -R`.
 MAX_REASON_CHARS = 200
 
@@ -137,9 +139,14 @@ def _why(snapshot: Snapshot, subject: str) -> str:
 class Outcome:
     drained: bool  # gpuwatchd's drain is in place
     withheld: str | None = None  # fleet safety held a wanted drain back
+    drained_for: str | None = None  # the reason of a drain made by this attempt
 
 
 Gate = Callable[[], Verdict]
+# Whether this daemon's journal records draining the node for the reason the
+# scheduler shows: a drain carrying our tag is lifted only then, so a daemon
+# that lost its state (a damaged database moved aside) never lifts it.
+Journaled = Callable[[str], bool]
 
 
 class Backend(Protocol):
@@ -155,7 +162,7 @@ class Backend(Protocol):
         """What going from `before` to `after` would run, for a dry run."""
         ...
 
-    def apply(self, want: Want, gate: Gate, done: list[str]) -> Outcome:
+    def apply(self, want: Want, gate: Gate, journaled: Journaled, done: list[str]) -> Outcome:
         """Make the scheduler hold `want`; append each change made to `done`.
         Asks `gate` before a drain only when the want is automatic. Raises
         ActionFailed."""
@@ -244,7 +251,7 @@ class SchedulerWorker:
     def _apply(self, want: Want, now: float) -> None:
         done: list[str] = []
         try:
-            outcome = self.backend.apply(want, self._ask_fleet, done)
+            outcome = self.backend.apply(want, self._ask_fleet, self._journaled, done)
         except ActionFailed as failure:
             log.error("%s: %s (retrying in %gs)", self.backend.name, failure, self._interval)
             if self._failure is None or str(self._failure) != str(failure):
@@ -254,6 +261,8 @@ class SchedulerWorker:
         else:
             if outcome.withheld != self._withheld and outcome.withheld is not None:
                 self._journal(now, f"drain held back by fleet safety: {outcome.withheld}")
+            if outcome.drained_for is not None:
+                self._note_drain(now, outcome.drained_for)
             self._failure = None
             self._withheld = outcome.withheld
             self._drained = outcome.drained
@@ -262,6 +271,26 @@ class SchedulerWorker:
             for change in done:
                 log.warning("%s: %s", self.backend.name, change)
                 self._journal(now, change)
+
+    def _drain_note(self, reason: str) -> str:
+        return f"{self.backend.name} drained {self.backend.node}: {reason}"
+
+    def _note_drain(self, now: float, reason: str) -> None:
+        try:
+            self._store.note(DRAIN_NOTE, NODE, self._drain_note(reason), now)
+        except StoreError as error:
+            log.error("%s", error)
+
+    def _journaled(self, shown: str) -> bool:
+        """Whether the journal records our drain with the reason the scheduler
+        shows (which may add to it, as Slurm's " [user@time]" does)."""
+        prefix = self._drain_note("")
+        try:
+            notes = self._store.notes(DRAIN_NOTE, prefix)
+        except StoreError as error:
+            log.error("%s", error)
+            return False
+        return any(shown.startswith(note.removeprefix(prefix)) for note in notes)
 
     def _ask_fleet(self) -> Verdict:
         verdict = self._fleet.check()

@@ -6,7 +6,9 @@
   start. A node already drained, by anyone, is left as it is.
 - When nothing wants the drain any more, the node is resumed (`State=RESUME`)
   only if `scontrol show node` says it is drained with a reason gpuwatchd
-  wrote (`gpuwatchd:`): another admin's drain is never lifted.
+  wrote (`gpuwatchd:`) and the journal records that drain: another admin's
+  drain is never lifted, nor one this daemon no longer knows the reason for
+  (its state was lost), which stays with a finding on the node.
 - Quarantined parts that do not drain (a GPU with `gpu_quarantine: mark`, an
   InfiniBand port) are written to the node's Comment (`gpuwatchd: ...`),
   which `scontrol show node` and `sinfo -O comment` show; a Comment someone
@@ -19,7 +21,10 @@ finding code `slurm_<show|drain|resume|comment>_failed`.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from gpuwatchd.actions.scheduler import (
     ActionFailed,
     Gate,
+    Journaled,
     Outcome,
     SchedulerConfig,
     Want,
@@ -107,9 +113,9 @@ class Slurm:
             lines.append(f"run: {self._command(self._comment_args(after.mark_text or ''))}")
         return lines
 
-    def apply(self, want: Want, gate: Gate, done: list[str]) -> Outcome:
+    def apply(self, want: Want, gate: Gate, journaled: Journaled, done: list[str]) -> Outcome:
         state = parse_show_node(self._run(["show", "node", self.node], "slurm_show_failed"))
-        drained, withheld = state.drained_by_us, None
+        drained, withheld, drained_for = state.drained_by_us, None, None
         if want.drain and not state.drained:
             verdict = gate() if want.automatic else None
             if verdict is not None and not verdict.allowed:
@@ -117,13 +123,20 @@ class Slurm:
             else:
                 self._run(self._drain_args(want), "slurm_drain_failed")
                 done.append(f"drained {self.node}: {want.drain_reason}")
-                drained = True
+                drained, drained_for = True, want.drain_reason
         elif not want.drain and state.drained_by_us:
+            if not journaled(state.reason):
+                raise ActionFailed(
+                    "slurm_drain_unexplained",
+                    f"{self.node} is drained with gpuwatchd's tag ({state.reason}) but the "
+                    "journal does not say why (state lost?): left drained; resume it by hand "
+                    "once the fault is ruled out",
+                )
             self._run(self._resume_args(), "slurm_resume_failed")
             done.append(f"resumed {self.node}, drained by gpuwatchd ({state.reason})")
             drained = False
         self._mark(want, state, done)
-        return Outcome(drained=drained, withheld=withheld)
+        return Outcome(drained=drained, withheld=withheld, drained_for=drained_for)
 
     def _mark(self, want: Want, state: NodeState, done: list[str]) -> None:
         text = want.mark_text
@@ -151,20 +164,27 @@ class Slurm:
     def _run(self, args: list[str], code: str) -> str:
         command = [self.config.scontrol, *args]
         try:
-            done = subprocess.run(
+            # Its own process group, so that a timeout ends what a wrapper
+            # script started too, not only the script.
+            process = subprocess.Popen(
                 command,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=self.config.timeout,
-                check=False,
+                start_new_session=True,
             )
+        except OSError as error:
+            raise ActionFailed(code, f"cannot run {self.config.scontrol}: {error}") from error
+        try:
+            stdout, stderr = process.communicate(timeout=self.config.timeout)
         except subprocess.TimeoutExpired as error:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
             raise ActionFailed(
                 code, f"{self._command(args)} timed out after {self.config.timeout:g}s"
             ) from error
-        except OSError as error:
-            raise ActionFailed(code, f"cannot run {self.config.scontrol}: {error}") from error
-        if done.returncode != 0:
-            why = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        if process.returncode != 0:
+            why = (stderr or stdout).strip() or f"exit status {process.returncode}"
             raise ActionFailed(code, f"{self._command(args)} failed: {why}")
-        return done.stdout
+        return stdout

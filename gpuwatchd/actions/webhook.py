@@ -25,13 +25,17 @@ exactly the receivers that got the trigger).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import random
+import socket
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -55,6 +59,8 @@ DELIVERED = "delivered"
 RETRY = "retry"
 DEAD_LETTER = "dead_letter"
 
+# Of a receiver's answer only this much is read: its status says it all.
+MAX_RESPONSE_BYTES = 65536
 SIGNATURE_HEADER = "X-Gpuwatchd-Signature"
 TIMESTAMP_HEADER = "X-Gpuwatchd-Timestamp"
 JSON_SCHEMA = "gpuwatchd.event.v1"
@@ -346,18 +352,84 @@ def _retry_after(headers: Message | None) -> float | None:
         return None
 
 
+class _Deadline:
+    """Ends a request at a deadline, whatever the receiver trickles: urllib's
+    timeout bounds each socket operation, not the whole request, so a
+    receiver sending a byte a second would hold the queue for ever."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._timers: list[threading.Timer] = []
+
+    def watch(self, connection: http.client.HTTPConnection) -> None:
+        timer = threading.Timer(self.seconds, self._expire, args=(connection,))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _expire(self, connection: http.client.HTTPConnection) -> None:
+        self.expired = True
+        sock = connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cancel(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+def _watched(base: type[http.client.HTTPConnection], deadline: _Deadline) -> Any:
+    """A connection class of `base` that `deadline` ends once connected."""
+
+    class Watched(base):  # type: ignore[valid-type, misc]
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self)
+
+    return Watched
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._class = _watched(http.client.HTTPConnection, deadline)
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._class, req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self._https_context = context
+        self._class = _watched(http.client.HTTPSConnection, deadline)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._class, req, context=self._https_context)
+
+
+def _late(timeout: float) -> str:
+    return f"no complete answer within {format_duration(timeout)}"
+
+
 def post(
     url: str, body: bytes, headers: Mapping[str, str], timeout: float, ca_file: str | None
 ) -> Attempt:
+    """One request, over within `timeout` in all; of the answer's body at
+    most MAX_RESPONSE_BYTES is read (a receiver may send gigabytes)."""
     context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+    deadline = _Deadline(timeout)
     opener = urllib.request.build_opener(
-        _NoRedirects(), urllib.request.HTTPSHandler(context=context)
+        _NoRedirects(), _DeadlineHTTPHandler(deadline), _DeadlineHTTPSHandler(deadline, context)
     )
     request = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
     try:
         with opener.open(request, timeout=timeout) as response:
-            response.read()
-        return Attempt(DELIVERED)
+            response.read(MAX_RESPONSE_BYTES)
+        # A cut-off answer can parse as a whole one: only a timely one counts.
+        return Attempt(RETRY, _late(timeout)) if deadline.expired else Attempt(DELIVERED)
     except urllib.error.HTTPError as error:
         text = f"HTTP {error.code} {error.reason}"
         if error.code >= 500 or error.code in RETRYABLE_4XX:
@@ -365,8 +437,12 @@ def post(
         # Any other 4xx, and redirects, which are not followed: sending the
         # same request again would get the same answer.
         return Attempt(DEAD_LETTER, text)
-    except (urllib.error.URLError, OSError) as error:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+        if deadline.expired:
+            return Attempt(RETRY, _late(timeout))
         return Attempt(RETRY, str(getattr(error, "reason", error)) or type(error).__name__)
+    finally:
+        deadline.cancel()
 
 
 def backoff(attempts: int, config: WebhookConfig, rng: random.Random) -> float:

@@ -7,7 +7,8 @@ in `checks/__init__.py`, which each check imports for CheckOutput.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuwatchd.checks import (
@@ -22,6 +23,8 @@ from gpuwatchd.checks import (
     xid,
 )
 from gpuwatchd.history import History
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,32 @@ CHECKS: tuple[tuple[str, Check], ...] = (
         lambda i, c: infiniband.run(i.history, i.now, c.infiniband, i.expected_ports),
     ),
 )
+CHECK_NAMES = tuple(name for name, _ in CHECKS)
 
 
-def run_all(inputs: CheckInputs, config: ChecksConfig) -> CheckOutput:
-    """Every check's findings and measurements, in registry order."""
-    outputs = [check(inputs, config) for _, check in CHECKS]
-    return CheckOutput(
-        findings=tuple(f for output in outputs for f in output.findings),
-        measurements=tuple(m for output in outputs for m in output.measurements),
+@dataclass(frozen=True)
+class ChecksRun:
+    """Every check's output, and the checks that raised instead (name -> error)."""
+
+    output: CheckOutput
+    failed: Mapping[str, str]
+
+
+def run_all(inputs: CheckInputs, config: ChecksConfig) -> ChecksRun:
+    """Every check's findings and measurements, in registry order. A check
+    that raises is left out and named in `failed`; the others still run."""
+    outputs = []
+    failed: dict[str, str] = {}
+    for name, check in CHECKS:
+        try:
+            outputs.append(check(inputs, config))
+        except Exception as error:  # one check's bug must not end the poll loop
+            failed[name] = f"{type(error).__name__}: {error}"
+            log.debug("check %s failed", name, exc_info=True)
+    return ChecksRun(
+        output=CheckOutput(
+            findings=tuple(f for output in outputs for f in output.findings),
+            measurements=tuple(m for output in outputs for m in output.measurements),
+        ),
+        failed=failed,
     )

@@ -42,6 +42,7 @@ import yaml
 
 from gpuwatchd import capture as captures
 from gpuwatchd.model import GPU_RECOVERY_ACTIONS
+from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
 from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
@@ -191,6 +192,28 @@ def captured_shape(path: str, name: str) -> NodeShape:
     )
 
 
+def _short(value: Any) -> str:
+    """A value for a message: the start of its repr, never the whole of a big one."""
+    if isinstance(value, list | dict):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
+
+
+def _require_text(value: Any, what: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{where}: {what} must be text, got {_short(value)}")
+    return value
+
+
+def _require_number(value: Any, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{where}: {what} must be a number, got {_short(value)}")
+    if isinstance(value, int) and abs(value) > 2**53:
+        raise ScenarioError(f"{where}: {what} is out of range, got {_short(value)}")
+    return float(value)
+
+
 def _parse_node(raw: Any, name: str, directory: str | None = None) -> NodeShape:
     if raw is None:
         return NodeShape()
@@ -223,6 +246,8 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{label}: expected a mapping such as {{at: 10s, kind: xid, ...}}")
     kind = raw.get("kind")
+    if not isinstance(kind, str):
+        raise ScenarioError(f"{label}: kind must be text such as xid, got {_short(kind)}")
     label = f"{label} ({kind})" if kind else label
     if kind not in FAULT_FIELDS:
         known = ", ".join(sorted(FAULT_FIELDS))
@@ -247,16 +272,16 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         until=until,
         gpu=_require_int(raw["gpu"], "gpu", label) if "gpu" in raw else None,
         link=_require_int(raw["link"], "link", label) if "link" in raw else None,
-        hca=str(raw["hca"]) if "hca" in raw else None,
+        hca=_require_text(raw["hca"], "hca", label) if "hca" in raw else None,
         port=_require_int(raw["port"], "port", label) if "port" in raw else None,
         rate=rate,
         code=code,
-        ratio=float(raw["ratio"]) if "ratio" in raw else None,
-        mode=str(raw["mode"]) if "mode" in raw else None,
-        call=str(raw["call"]) if "call" in raw else None,
+        ratio=_require_number(raw["ratio"], "ratio", label) if "ratio" in raw else None,
+        mode=_require_text(raw["mode"], "mode", label) if "mode" in raw else None,
+        call=_require_text(raw["call"], "call", label) if "call" in raw else None,
         count=_require_int(raw["count"], "count", label) if "count" in raw else None,
         mhz=_require_int(raw["mhz"], "mhz", label) if "mhz" in raw else None,
-        counter=str(raw["counter"]) if "counter" in raw else None,
+        counter=_require_text(raw["counter"], "counter", label) if "counter" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -336,6 +361,10 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
 def parse(text: str, name: str = "scenario", directory: str | None = None) -> Scenario:
     """`directory`: where a relative capture file is (the scenario file's folder)."""
     try:
+        check_yaml_limits(text, name)
+    except SettingsError as error:
+        raise ScenarioError(str(error)) from error
+    try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise ScenarioError(f"{name}: not valid YAML: {error}") from error
@@ -348,6 +377,8 @@ def parse(text: str, name: str = "scenario", directory: str | None = None) -> Sc
         raise ScenarioError(f"{name}: unknown key(s) {', '.join(sorted(unknown))}")
     node = _parse_node(raw.get("node"), name, directory)
     seed = _require_int(raw.get("seed", 1), "seed", name)
+    if not 0 <= seed < 2**64:
+        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {_short(seed)}")
     faults_raw = raw.get("faults") or []
     if not isinstance(faults_raw, list):
         raise ScenarioError(f"{name}: faults must be a list")
@@ -371,12 +402,10 @@ def load(name_or_path: str | None) -> Scenario:
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as error:
+            text = read_text(str(path))
+        except SettingsError as error:
             known = ", ".join(builtin_names())
-            raise ScenarioError(
-                f"{name}: cannot read: {error.strerror} (built-in scenarios: {known})"
-            ) from error
+            raise ScenarioError(f"{error} (built-in scenarios: {known})") from error
         if captures.is_capture(text):
             return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))

@@ -1,0 +1,124 @@
+"""Load and endurance: 200 concurrent clients on /metrics and the API are
+all answered; a long run at a short interval keeps memory, descriptors,
+threads and the database flat; the journal is pruned to its retention.
+(Latencies are measured by bench/bench_listener.py, not asserted here.)"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from api_support import api_on
+from daemon_support import simulated_daemon
+
+from gpuwatchd.actions.scheduler import DRAIN_NOTE
+from gpuwatchd.config import Config, DaemonConfig
+
+CLIENTS = 200
+REQUESTS_EACH = 5
+PATHS = ("/metrics", "/api/v1/status", "/api/v1/quarantines", "/api/v1/journal?limit=50")
+
+
+@pytest.mark.slow
+def test_two_hundred_concurrent_clients_are_all_answered_while_polls_go_on(
+    tmp_path: Path,
+) -> None:
+    with api_on(tmp_path) as api:
+        answers: Counter[int | str] = Counter()
+        lock = threading.Lock()
+        start = threading.Barrier(CLIENTS + 1)
+
+        def client(number: int) -> None:
+            start.wait()
+            for request in range(REQUESTS_EACH):
+                path = PATHS[(number + request) % len(PATHS)]
+                try:
+                    with urllib.request.urlopen(api.url + path, timeout=30) as response:
+                        response.read()
+                        outcome: int | str = response.status
+                except urllib.error.HTTPError as error:
+                    outcome = error.code
+                except OSError as error:
+                    outcome = type(error).__name__
+                with lock:
+                    answers[outcome] += 1
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        polls_before = api.sim.daemon.snapshot.polls
+        start.wait()
+        # The poll loop runs on while the clients hammer the listener.
+        while any(thread.is_alive() for thread in threads):
+            api.sim.daemon.step()
+            api.sim.clock.advance(10)
+        for thread in threads:
+            thread.join(timeout=120)
+        assert answers == {200: CLIENTS * REQUESTS_EACH}
+        assert api.sim.daemon.snapshot.polls > polls_before
+        assert api.server.turned_away == 0
+
+
+def _resources(state_dir: Path) -> tuple[int, int, int, int]:
+    """Resident memory (bytes), open descriptors, threads, database bytes."""
+    gc.collect()
+    with open("/proc/self/statm") as statm:
+        resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    database = sum(p.stat().st_size for p in state_dir.iterdir() if p.name.startswith("state.db"))
+    return resident, len(os.listdir("/proc/self/fd")), threading.active_count(), database
+
+
+SOAK_POLLS = int(os.environ.get("GPUWATCHD_SOAK_POLLS", "1000"))
+
+
+@pytest.mark.slow
+def test_a_long_run_at_a_short_interval_keeps_resources_flat(tmp_path: Path) -> None:
+    # Faults that come and go every few minutes: the journal grows, and is pruned.
+    scenario = (
+        "node: {gpus: 2, nvlinks: 2, hcas: 0}\n"
+        "faults: ["
+        + ", ".join(
+            f"{{kind: thermal_throttle, gpu: 1, at: {start}s, for: 60s}}"
+            for start in range(100, SOAK_POLLS // 2, 300)
+        )
+        + "]\n"
+    )
+    config = Config(daemon=DaemonConfig(poll_interval=0.5, journal_retention=600.0))
+    with simulated_daemon(scenario, tmp_path, config) as sim:
+        state_dir = tmp_path / "state"
+        samples = []
+        for poll in range(SOAK_POLLS):
+            sim.daemon.step()
+            sim.clock.advance(0.5)
+            if poll in (SOAK_POLLS // 4, SOAK_POLLS - 1):
+                samples.append(_resources(state_dir))
+    (memory_1, fds_1, threads_1, db_1), (memory_2, fds_2, threads_2, db_2) = samples
+    print(
+        f"soak: {SOAK_POLLS} polls; resident {memory_1 >> 20} -> {memory_2 >> 20} MiB, "
+        f"fds {fds_1} -> {fds_2}, threads {threads_1} -> {threads_2}, "
+        f"database {db_1 >> 10} -> {db_2 >> 10} KiB"
+    )
+    assert fds_2 == fds_1 and threads_2 == threads_1
+    assert memory_2 - memory_1 < 32 << 20
+    assert db_2 < 2 * db_1 + (1 << 20)
+
+
+def test_the_journal_is_pruned_to_its_retention_but_drain_records_are_kept(
+    tmp_path: Path,
+) -> None:
+    config = Config(daemon=DaemonConfig(journal_retention=86400.0))
+    with simulated_daemon("node: {gpus: 1, nvlinks: 1, hcas: 0}\n", tmp_path, config) as sim:
+        store, now = sim.daemon.store, sim.clock.now()
+        store.note("note", "node", "old", now - 2 * 86400)
+        store.note(DRAIN_NOTE, "node", "slurm drained n1: gpuwatchd: node x", now - 2 * 86400)
+        store.note("note", "node", "recent", now - 3600)
+        sim.daemon.step()
+        messages = [e.message for e in store.journal(since=0, limit=100)]
+    assert "old" not in messages
+    assert "recent" in messages and "slurm drained n1: gpuwatchd: node x" in messages

@@ -1,0 +1,142 @@
+"""The state database failing under the running daemon: read-only (as after
+an errors=remount-ro), removed, damaged at rest. The daemon keeps
+monitoring, says that state is not saved, keeps its decisions with their
+journal rows and webhook events in memory and writes them once it can."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from actions_support import fake_scontrol
+from daemon_support import SimulatedDaemon, simulated_daemon
+
+from gpuwatchd.actions.fleet import FleetSafetyConfig
+from gpuwatchd.actions.slurm import SlurmConfig
+from gpuwatchd.actions.webhook import WebhookConfig
+from gpuwatchd.config import ActionsConfig, Config
+from gpuwatchd.model import Health
+from gpuwatchd.store import Store
+
+SCENARIO = (
+    "node: {gpus: 4, nvlinks: 4, hcas: 2}\nfaults: [{at: 10s, kind: ecc_uncorrectable, gpu: 1}]\n"
+)
+CALM = "node: {gpus: 4, nvlinks: 4, hcas: 2}\n"
+# A receiver nobody listens on: events stay in the outbox, where the test counts them.
+HOOK = WebhookConfig(name="ops", url="http://127.0.0.1:9/hook", format="json")
+CONFIG = Config(actions=ActionsConfig(node_name="node-7", webhooks=(HOOK,)))
+
+
+def _read_only(sim: SimulatedDaemon, on: bool) -> None:
+    # sqlite's own read-only mode: every write fails as on a read-only mount.
+    sim.daemon.store._db.execute(f"PRAGMA query_only = {int(on)}")
+
+
+def _journal(state_dir: Path) -> list[tuple[str, str]]:
+    store = Store.open(str(state_dir))
+    try:
+        return [(e.kind, e.subject) for e in store.journal(limit=10_000)]
+    finally:
+        store.close()
+
+
+def test_decisions_made_while_the_database_is_read_only_are_written_with_their_events_later(
+    tmp_path: Path,
+) -> None:
+    with simulated_daemon(SCENARIO, tmp_path, CONFIG) as sim:
+        sim.run_until(5)
+        _read_only(sim, True)
+        during = sim.run_until(40)
+        assert not during.state_persisted
+        assert {q.subject for q in during.quarantines} == {"gpu:1", "node"}
+        assert during.health["gpu:1"] is Health.QUARANTINED
+        assert sim.daemon.store.outbox_counts() == {}
+        _read_only(sim, False)
+        after = sim.run_until(50)
+        assert after.state_persisted
+        counts = sim.daemon.store.outbox_counts()
+        assert counts["ops"].pending >= 3
+    journal = _journal(tmp_path / "state")
+    assert ("quarantine", "gpu:1") in journal
+    assert ("quarantine", "node") in journal
+    assert ("finding_raised", "gpu:1") in journal
+    reopened = Store.open(str(tmp_path / "state"))
+    assert {q.subject for q in reopened.quarantines()} == {"gpu:1", "node"}
+    reopened.close()
+
+
+def test_a_database_removed_under_the_daemon_is_written_anew_from_memory(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    with simulated_daemon(CALM, tmp_path) as sim:
+        sim.run_until(10)
+        sim.daemon.quarantine("gpu:2", "fan noise", "alice")
+        for suffix in ("", "-wal", "-shm"):
+            os.unlink(state_dir / f"state.db{suffix}")
+        sim.daemon.quarantine("gpu:3", "memory test", "bob")
+        snapshot = sim.run_until(30)
+        assert snapshot.state_persisted
+        assert {q.subject for q in snapshot.quarantines} == {"gpu:2", "gpu:3", "node"}
+    reopened = Store.open(str(state_dir))
+    assert {q.subject for q in reopened.quarantines()} == {"gpu:2", "gpu:3", "node"}
+    reopened.close()
+
+
+def test_a_damaged_database_is_moved_aside_with_a_finding_on_the_node(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "state.db").write_bytes(b"this is not sqlite\n" * 500)
+    with simulated_daemon(CALM, tmp_path) as sim:
+        snapshot = sim.run_until(10)
+        assert snapshot.state_persisted
+        lost = [f for f in snapshot.findings if f.code == "state_lost"]
+        assert len(lost) == 1 and lost[0].subject == "node"
+        assert (
+            "moved aside to" in lost[0].message and "check this node's scheduler" in lost[0].message
+        )
+        assert sim.run_until(400).health["node"] is Health.DEGRADED
+    aside = [p.name for p in state_dir.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1
+    assert (state_dir / aside[0]).read_bytes().startswith(b"this is not sqlite")
+    assert ("state_lost", "node") in _journal(state_dir)
+
+
+def test_state_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    previous = os.umask(0o022)
+    try:
+        store = Store.open(str(tmp_path / "state"))
+        store.quarantine("gpu:1", "x", "alice", 1.0)
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "state").iterdir()}
+        store.close()
+    finally:
+        os.umask(previous)
+    assert modes["state.db"] == 0o600
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+    assert (tmp_path / "state").stat().st_mode & 0o077 == 0
+
+
+def test_a_daemon_that_lost_its_state_keeps_its_slurm_drain_of_a_hardware_fault(
+    tmp_path: Path,
+) -> None:
+    scontrol = fake_scontrol(tmp_path / "slurm")
+    slurm = SlurmConfig(enabled=True, node_name="node01", scontrol=str(scontrol.path))
+    fleet = FleetSafetyConfig(enabled=False)
+    config = Config(actions=ActionsConfig(node_name="node01", slurm=slurm, fleet_safety=fleet))
+    with simulated_daemon(SCENARIO, tmp_path / "first", config) as sim:
+        sim.run_until(30)
+        sim.daemon.actions.run_due(sim.clock.now())
+    assert scontrol.state["state"] == "IDLE+DRAIN"
+    database = tmp_path / "first" / "state" / "state.db"
+    with sqlite3.connect(database) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    damaged = bytearray(database.read_bytes())
+    damaged[4096:] = b"\xff" * (len(damaged) - 4096)
+    database.write_bytes(bytes(damaged))
+    with simulated_daemon(CALM, tmp_path / "first", config) as sim:
+        snapshot = sim.run_until(30)
+        sim.daemon.actions.run_due(sim.clock.now())
+        snapshot = sim.daemon.step()
+        codes = {f.code for f in snapshot.findings if f.subject == "node"}
+    assert [call for call in scontrol.updates() if "State=RESUME" in call] == []
+    assert scontrol.state["state"] == "IDLE+DRAIN"
+    assert {"state_lost", "slurm_drain_unexplained"} <= codes
