@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_t
 
 import yaml
 
-from gpuwatchd.units import parse_duration, parse_rate
+from gpuwatchd.units import MAX_DURATION_SECONDS, parse_duration, parse_rate
 
 T = TypeVar("T")
 
@@ -39,7 +39,13 @@ class Check:
 def _duration_with_unit(value: object) -> float:
     """A config's duration: a bare number other than 0 is refused, since
     `poll_interval: 10` could mean seconds or minutes to whoever reads it."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value != 0:
+    # NaN, infinity and 400-digit numbers are refused as such by parse_duration.
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value != 0
+        and abs(value) <= MAX_DURATION_SECONDS
+    ):
         raise ValueError(f"{value!r} has no unit: write {value!r}s (or 500ms, 5m, 2h)")
     return parse_duration(value)
 

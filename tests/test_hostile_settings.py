@@ -33,7 +33,7 @@ BOMB = "\n".join(
     [
         ("daemon: {poll_interval: .nan}", "finite number"),
         ("daemon: {poll_interval: .inf}", "finite number"),
-        ("daemon: {poll_interval: 1.0e-9}", "at least 0.1s"),
+        ("daemon: {poll_interval: 1ms}", "at least 0.1s"),
         ("daemon: {poll_interval: " + "9" * 400 + "}", "finite number"),
         ("policy: {confirm_for: .nan}", "finite number"),
         ("daemon: {poll_interval: !duration 10s}", "could not determine a constructor"),

@@ -44,9 +44,9 @@ def test_evidence_is_printed_to_four_significant_digits(tmp_path: Path) -> None:
         f for s in document["subjects"] for f in s["findings"] if f["code"] == "ib_symbol_errors"
     ]
     # As a real clock leaves them (the review's daemon printed these).
-    finding["evidence"].update(window_seconds=400.0086441040039, ber=5.31301018446848e-11)
+    finding["evidence"].update(window_seconds=400.0086441040039, ratio=5.31301018446848e-11)
     [line] = [x for x in render_table(document).splitlines() if "/ib_symbol_errors:" in x]
-    assert "window_seconds=400 " in line and "ber=5.313e-11 " in line
+    assert "window_seconds=400 " in line and "ratio=5.313e-11 " in line
     assert "errors=6000 " in line
 
 

@@ -405,7 +405,7 @@ def load(name_or_path: str | None) -> Scenario:
             text = read_text(str(path))
         except SettingsError as error:
             known = ", ".join(builtin_names())
-            raise ScenarioError(f"{error} (built-in scenarios: {known})") from error
+            raise ScenarioError(f"{name}: {error.problem} (built-in scenarios: {known})") from error
         if captures.is_capture(text):
             return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))
