@@ -155,6 +155,8 @@ def _history_needs(checks: ChecksConfig) -> dict[str, float]:
         ),
         "checks.nvlink.window * storm_windows": checks.nvlink.window * checks.nvlink.storm_windows,
         "checks.memory.window": checks.memory.window,
+        "checks.pcie.window * critical_windows": checks.pcie.window * checks.pcie.critical_windows,
+        "checks.pcie.replay_window": checks.pcie.replay_window,
         "checks.xid.window": checks.xid.window,
         "checks.infiniband.flap_window": checks.infiniband.flap_window,
         "checks.infiniband.ber_window": checks.infiniband.ber_window,

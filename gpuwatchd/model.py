@@ -129,6 +129,21 @@ class GpuSample:
     throttle_seconds: Mapping[str, float] = field(default_factory=dict)  # THROTTLE_REASONS
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # Energy since the driver was last loaded (nvmlDeviceGetTotalEnergyConsumption).
+    energy_joules: float | None = None
+    # Framebuffer (device memory) by use. With nvmlDeviceGetMemoryInfo_v2 the
+    # three add up to the total; where only v1 answers, `used` includes the
+    # driver's reservation and `reserved` is absent (nvml.h, nvmlMemory_t).
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    # PCIe link: current and maximum generation and width ("maximum possible
+    # with this device and system", nvml.h), and the link's replay counter.
+    pcie_link_generation: int | None = None
+    pcie_link_max_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_max_width: int | None = None
+    pcie_replays: int | None = None
     utilization_gpu_ratio: float | None = None
     utilization_memory_ratio: float | None = None
     ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (type, scope)

@@ -62,6 +62,23 @@ CASES: dict[str, Expected] = {
         1150,
         node_quarantined=True,
     ),
+    "pcie_downtrained": Expected(
+        "{kind: pcie_downtrained, gpu: 1, width: 8}",
+        "gpu:1",
+        "pcie_downtrained",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        1190,
+        node_quarantined=True,
+    ),
+    "pcie_replay_storm": Expected(
+        "{kind: pcie_replay_storm, gpu: 1, rate: 10/s}",
+        "gpu:1",
+        "pcie_replay_storm",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
     "nvlink_crc_storm": Expected(
         "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",
         "nvlink:1/2",

@@ -36,6 +36,11 @@ Per generation, as HARDWARE-NOTES.md describes:
 - Clocks locked by an operator show as they do on a real GPU: the current
   clock held at the lock, the maximum and application clocks unchanged and no
   clocks-event reason bit (NVML has only setters for locked clocks).
+- The framebuffer answers through nvmlDeviceGetMemoryInfo (v1: used
+  includes the driver's reservation) and nvmlDeviceGetMemoryInfo_v2
+  (reservation apart); the energy counter in millijoules on every GPU (Volta on).
+- The PCIe link answers its current and maximum generation and width and its
+  replay counter on every GPU (nvml.h: Fermi/Kepler on).
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
 
@@ -493,6 +498,14 @@ class FakeNvml:
                     ("nvmlDeviceGetViolationStatus", (_U, _P), self._violation_status),
                     ("nvmlDeviceGetPowerUsage", (_P,), self._power_usage),
                     ("nvmlDeviceGetEnforcedPowerLimit", (_P,), self._power_limit),
+                    ("nvmlDeviceGetTotalEnergyConsumption", (_P,), self._energy),
+                    ("nvmlDeviceGetMemoryInfo", (_P,), self._memory_info),
+                    ("nvmlDeviceGetCurrPcieLinkGeneration", (_P,), self._pcie_generation),
+                    ("nvmlDeviceGetMaxPcieLinkGeneration", (_P,), self._pcie_max_generation),
+                    ("nvmlDeviceGetCurrPcieLinkWidth", (_P,), self._pcie_width),
+                    ("nvmlDeviceGetMaxPcieLinkWidth", (_P,), self._pcie_max_width),
+                    ("nvmlDeviceGetPcieReplayCounter", (_P,), self._pcie_replays),
+                    ("nvmlDeviceGetMemoryInfo_v2", (_P,), self._memory_info_v2),
                     ("nvmlDeviceGetUtilizationRates", (_P,), self._utilization),
                     ("nvmlDeviceGetTotalEccErrors", (_U, _U, _P), self._ecc_errors),
                     ("nvmlDeviceGetRemappedRows", (_P, _P, _P, _P), self._remapped_rows),
@@ -648,6 +661,58 @@ class FakeNvml:
     def _power_limit(self, gpu: int, value: int | None) -> int:
         limit = round(self._gpu(gpu).spec.power_limit_watts * 1000)
         return _put(ctypes.c_uint, value, limit)
+
+    def _energy(self, gpu: int, value: int | None) -> int:
+        # nvml.h: millijoules since the driver was last reloaded, "for Volta
+        # or newer" (every simulated GPU is).
+        return _put(ctypes.c_ulonglong, value, self._state(gpu).energy_millijoules)
+
+    def _memory_info(self, gpu: int, address: int) -> int:
+        # nvml.h, nvmlMemory_t: `used` is the "sum of Reserved and Allocated
+        # device memory", so used + free = total.
+        spec, state = self._gpu(gpu).spec, self._state(gpu)
+        struct = pynvml.c_nvmlMemory_t.from_address(address)
+        struct.total = spec.memory_total_bytes
+        struct.used = state.memory_used_bytes + spec.memory_reserved_bytes
+        struct.free = spec.memory_total_bytes - struct.used
+        return _SUCCESS
+
+    def _memory_info_v2(self, gpu: int, address: int) -> int:
+        # nvml.h, nvmlMemory_v2_t: the reservation apart ("Device memory
+        # reserved for system use (driver or firmware)"), `used` the allocated
+        # memory, as nvidia-smi shows Total = Reserved + Used + Free; the
+        # struct's version is checked like every versioned struct.
+        spec, state = self._gpu(gpu).spec, self._state(gpu)
+        struct = pynvml.c_nvmlMemory_v2_t.from_address(address)
+        if struct.version != pynvml.nvmlMemory_v2:
+            return _ARGUMENT_VERSION_MISMATCH
+        struct.total = spec.memory_total_bytes
+        struct.reserved = spec.memory_reserved_bytes
+        struct.used = state.memory_used_bytes
+        struct.free = spec.memory_total_bytes - spec.memory_reserved_bytes - state.memory_used_bytes
+        return _SUCCESS
+
+    # -- PCIe -------------------------------------------------------------------
+    # nvml.h: link generation and width "for Fermi or newer", the replay
+    # counter "for Kepler or newer" (every simulated GPU); the maxima are "the
+    # maximum ... possible with this device and system", i.e. what the GPU's
+    # slot allows, not what it trained to.
+
+    def _pcie_generation(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_generation)
+
+    def _pcie_max_generation(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._gpu(gpu).spec.pcie_max_generation)
+
+    def _pcie_width(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_width)
+
+    def _pcie_max_width(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._gpu(gpu).spec.pcie_max_width)
+
+    def _pcie_replays(self, gpu: int, value: int | None) -> int:
+        # An unsigned int in nvml.h: it wraps at 2^32 like the hardware's.
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_replays & 0xFFFFFFFF)
 
     def _utilization(self, gpu: int, address: int) -> int:
         state = self._state(gpu)
