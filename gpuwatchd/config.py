@@ -157,6 +157,7 @@ def _history_needs(checks: ChecksConfig) -> dict[str, float]:
         "checks.memory.window": checks.memory.window,
         "checks.pcie.window * critical_windows": checks.pcie.window * checks.pcie.critical_windows,
         "checks.pcie.replay_window": checks.pcie.replay_window,
+        "checks.fabric.registration_timeout": checks.fabric.registration_timeout,
         "checks.xid.window": checks.xid.window,
         "checks.infiniband.flap_window": checks.infiniband.flap_window,
         "checks.infiniband.ber_window": checks.infiniband.ber_window,

@@ -71,6 +71,15 @@ CASES: dict[str, Expected] = {
         1190,
         node_quarantined=True,
     ),
+    "fabric_unregistered": Expected(
+        "{kind: fabric_unregistered, gpu: 1}",
+        "gpu:1",
+        "fabric_unregistered",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        600,
+        node_quarantined=True,
+    ),
     "pcie_replay_storm": Expected(
         "{kind: pcie_replay_storm, gpu: 1, rate: 10/s}",
         "gpu:1",

@@ -30,6 +30,8 @@ GPU_FAMILIES = {
     "gpuwatchd_gpu_pcie_link_max_width": 8,
     "gpuwatchd_gpu_pcie_replays": 8,
     "gpuwatchd_gpu_pcie_replays_per_minute": 8,
+    "gpuwatchd_gpu_fabric_state_id": 8,
+    "gpuwatchd_gpu_fabric_status": 8,
     "gpuwatchd_gpu_utilization_ratio": 8,
     "gpuwatchd_gpu_ecc_errors": 8 * 4,
     "gpuwatchd_gpu_remapped_rows": 16,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from gpuwatchd.checks import (
     CheckOutput,
     clocks,
+    fabric,
     gpu_lost,
     infiniband,
     memory,
@@ -34,6 +35,7 @@ class ChecksConfig:
     xid: xid.XidConfig = field(default_factory=xid.XidConfig)
     gpu_lost: gpu_lost.GpuLostConfig = field(default_factory=gpu_lost.GpuLostConfig)
     pcie: pcie.PcieConfig = field(default_factory=pcie.PcieConfig)
+    fabric: fabric.FabricConfig = field(default_factory=fabric.FabricConfig)
     infiniband: infiniband.InfinibandCheckConfig = field(
         default_factory=infiniband.InfinibandCheckConfig
     )
@@ -60,6 +62,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink)),
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
     (pcie.NAME, lambda i, c: pcie.run(i.history, i.now, c.pcie)),
+    (fabric.NAME, lambda i, c: fabric.run(i.history, i.now, c.fabric)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),

@@ -15,6 +15,8 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATES,
     GPU_RECOVERY_ACTIONS,
     NVLINK_BER_TYPES,
     NVLINK_ERROR_TYPES,
@@ -89,6 +91,20 @@ _SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
         "gpuwatchd_gpu_pcie_link_max_width",
         "Most lanes the GPU and its slot allow.",
         lambda g: g.pcie_link_max_width,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_fabric_state_id",
+        "The GPU's registration with the NVSwitch fabric: "
+        + ", ".join(f"{code} {name}" for code, name in FABRIC_STATES.items())
+        + ".",
+        lambda g: g.fabric_state,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_fabric_status",
+        "NVML return code of the GPU's completed fabric registration (0: success).",
+        lambda g: g.fabric_status if g.fabric_state == FABRIC_STATE_COMPLETED else None,
         "",
     ),
     (

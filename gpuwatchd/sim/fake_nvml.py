@@ -41,6 +41,9 @@ Per generation, as HARDWARE-NOTES.md describes:
   (reservation apart); the energy counter in millijoules on every GPU (Volta on).
 - The PCIe link answers its current and maximum generation and width and its
   replay counter on every GPU (nvml.h: Fermi/Kepler on).
+- Hopper and newer GPUs report their NVSwitch fabric registration (state and
+  status) through nvmlDeviceGetGpuFabricInfo and its versioned V call; older
+  GPUs answer NotSupported.
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
 
@@ -505,6 +508,8 @@ class FakeNvml:
                     ("nvmlDeviceGetCurrPcieLinkWidth", (_P,), self._pcie_width),
                     ("nvmlDeviceGetMaxPcieLinkWidth", (_P,), self._pcie_max_width),
                     ("nvmlDeviceGetPcieReplayCounter", (_P,), self._pcie_replays),
+                    ("nvmlDeviceGetGpuFabricInfo", (_P,), self._fabric_info),
+                    ("nvmlDeviceGetGpuFabricInfoV", (_P,), self._fabric_info_v),
                     ("nvmlDeviceGetMemoryInfo_v2", (_P,), self._memory_info_v2),
                     ("nvmlDeviceGetUtilizationRates", (_P,), self._utilization),
                     ("nvmlDeviceGetTotalEccErrors", (_U, _U, _P), self._ecc_errors),
@@ -713,6 +718,36 @@ class FakeNvml:
     def _pcie_replays(self, gpu: int, value: int | None) -> int:
         # An unsigned int in nvml.h: it wraps at 2^32 like the hardware's.
         return _put(ctypes.c_uint, value, self._state(gpu).pcie_replays & 0xFFFFFFFF)
+
+    # -- NVSwitch fabric ---------------------------------------------------------
+    # nvml.h: "For Hopper or newer fully supported devices"; on Hopper +
+    # NVSwitch systems the GPU registers with the fabric manager, and `status`
+    # "must be checked only if state returns complete". A GPU with no fabric
+    # to join answers state NOT_SUPPORTED. The V call checks its struct's
+    # version (nvmlGpuFabricInfo_v2) like every versioned struct.
+
+    def _fabric(self, gpu: int) -> tuple[int, int] | None:
+        if not self._gpu(gpu).spec.at_least("hopper"):
+            return None
+        return self._state(gpu).fabric
+
+    def _fabric_info(self, gpu: int, address: int) -> int:
+        fabric = self._fabric(gpu)
+        if fabric is None:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlGpuFabricInfo_t.from_address(address)
+        struct.state, struct.status = fabric
+        return _SUCCESS
+
+    def _fabric_info_v(self, gpu: int, address: int) -> int:
+        fabric = self._fabric(gpu)
+        if fabric is None:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlGpuFabricInfo_v2_t.from_address(address)
+        if struct.version != pynvml.nvmlGpuFabricInfo_v2:
+            return _ARGUMENT_VERSION_MISMATCH
+        struct.state, struct.status = fabric
+        return _SUCCESS
 
     def _utilization(self, gpu: int, address: int) -> int:
         state = self._state(gpu)

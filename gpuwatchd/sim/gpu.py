@@ -27,6 +27,9 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATE_NOT_STARTED,
+    FABRIC_STATE_NOT_SUPPORTED,
     NVLINK_ERROR_TYPES,
     RETIRED_PAGE_CAUSES,
     ROW_REMAPPER_BUCKETS,
@@ -83,6 +86,8 @@ _POWER_BRAKE_REASONS = (
 )
 
 K = TypeVar("K")
+
+_SUCCESS = 0  # NVML_SUCCESS
 
 _MIB = 1 << 20
 # The energy counter integrates the power over steps this long.
@@ -303,6 +308,9 @@ class GpuState:
     pcie_generation: int
     pcie_width: int
     pcie_replays: int  # cumulative
+    # (nvmlGpuFabricState_t, status): registered (COMPLETED, SUCCESS) on a
+    # node with NVLinks, NOT_SUPPORTED on one without.
+    fabric: tuple[int, int]
     utilization_gpu_percent: int
     utilization_memory_percent: int
     clocks_event_reasons: int
@@ -571,6 +579,20 @@ class _GpuModel:
                 width = min(width, fault.width or fallback)
         return generation, width
 
+    def _fabric(self, t: float) -> tuple[int, int]:
+        """The GPU's fabric registration: an HGX board's GPUs reach the
+        NVSwitches over NVLink and are registered by the time the node runs
+        jobs; `fabric_unregistered` leaves one not started (the fabric
+        manager never took it), or completed with the NVML error `code`."""
+        if self.gpu.nvlinks == 0:
+            return FABRIC_STATE_NOT_SUPPORTED, _SUCCESS
+        for fault in self._of("fabric_unregistered"):
+            if fault.active(t):
+                if fault.code is None:
+                    return FABRIC_STATE_NOT_STARTED, _SUCCESS
+                return FABRIC_STATE_COMPLETED, fault.code
+        return FABRIC_STATE_COMPLETED, _SUCCESS
+
     def _memory_used_bytes(self, t: float) -> int:
         spec = self.gpu.spec
         available = spec.memory_total_bytes - spec.memory_reserved_bytes
@@ -594,6 +616,7 @@ class _GpuModel:
             pcie_generation=generation,
             pcie_width=width,
             pcie_replays=_grown(self._of("pcie_replay_storm"), t),
+            fabric=self._fabric(t),
             utilization_gpu_percent=background.utilization_at(t),
             utilization_memory_percent=background.memory_utilization_at(t),
             clocks_event_reasons=point.reasons,
@@ -734,6 +757,7 @@ _GPU_FAULT_KINDS = frozenset(
         "recovery_action",
         "pcie_downtrained",
         "pcie_replay_storm",
+        "fabric_unregistered",
     }
 )
 

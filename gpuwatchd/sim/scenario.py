@@ -74,6 +74,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # `generation` (half the lanes when neither is given).
     "pcie_downtrained": (frozenset({"gpu"}), frozenset({"width", "generation"})),
     "pcie_replay_storm": (frozenset({"gpu", "rate"}), frozenset()),
+    # A GPU the NVSwitch fabric manager has not registered: not started, or
+    # completed with the NVML error `code` (NOT_READY, ...).
+    "fabric_unregistered": (frozenset({"gpu"}), frozenset({"code"})),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -278,7 +281,7 @@ def _parse_code(kind: str, raw: dict[str, Any], label: str) -> int | None:
         return _named(raw["action"], GPU_RECOVERY_ACTIONS, "action", label)
     if "code" not in raw:
         return None
-    if kind == "nvml_error":
+    if kind in ("nvml_error", "fabric_unregistered"):
         return _named(raw["code"], NVML_ERRORS, "code", label)
     return _require_int(raw["code"], "code", label)
 

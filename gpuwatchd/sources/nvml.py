@@ -4,7 +4,8 @@ Reads, for every GPU: identity, GPU and HBM temperatures and their thresholds,
 clocks (current, max, application), the clocks-event reasons and cumulative
 throttle time, power, its limit and the energy counter, utilisation, the
 framebuffer's used, free and reserved bytes, the PCIe link's generation and
-width (current and maximum) and its replay counter, ECC counts, row remapping or
+width (current and maximum) and its replay counter, its registration with
+the NVSwitch fabric, ECC counts, row remapping or
 page retirement, and per NVLink its state and error counters; and counts XID
 critical errors from an NVML event set. Knows nothing about health.
 
@@ -695,6 +696,33 @@ def _read_framebuffer(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample["memory_free_bytes"] = int(memory.free)
 
 
+def _read_fabric(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """The GPU's registration with the NVSwitch fabric: the versioned
+    nvmlDeviceGetGpuFabricInfoV (R550 on), or the unversioned call nvml.h
+    deprecates in 13.0 where a driver or binding lacks it. Pre-Hopper GPUs
+    answer NotSupported (nvml.h: "Hopper or newer")."""
+    info = None
+    versioned = _binding("c_nvmlGpuFabricInfoV_t")
+    if versioned is not None:
+        info = versioned()  # its constructor sets the struct version
+        if (
+            read.call(
+                "fabric",
+                "nvmlDeviceGetGpuFabricInfoV",
+                ctypes.byref(info),
+                then="trying nvmlDeviceGetGpuFabricInfo",
+            )
+            is None
+        ):
+            info = None
+    if info is None:
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        if read.call("fabric (v1)", "nvmlDeviceGetGpuFabricInfo", ctypes.byref(info)) is None:
+            return
+    sample["fabric_state"] = int(info.state)
+    sample["fabric_status"] = int(info.status)
+
+
 def _read_utilization(read: _GpuRead, sample: dict[str, Any]) -> None:
     utilization = read.call("utilization", "nvmlDeviceGetUtilizationRates")
     if utilization is not None:
@@ -1244,6 +1272,7 @@ class NvmlSource:
         _read_temperatures(read, sample)
         _read_utilization(read, sample)
         _read_framebuffer(read, sample)
+        _read_fabric(read, sample)
         _read_throttle(read, sample, self._counter_ids)
         _read_memory_errors(read, sample)
         _read_recovery_action(read, sample)
