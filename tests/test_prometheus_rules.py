@@ -42,6 +42,8 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_gpu_pcie_replays_total",
         "gpuwatchd_gpu_fabric_state_id",
         "gpuwatchd_gpu_fabric_status",
+        "gpuwatchd_gpu_framebuffer_bytes",
+        "gpuwatchd_gpu_energy_joules_total",
         "gpuwatchd_gpu_utilization_ratio",
         "gpuwatchd_gpu_memory_utilization_ratio",
         "gpuwatchd_gpu_ecc_errors_total",
