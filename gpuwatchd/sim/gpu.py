@@ -1,8 +1,8 @@
 """The simulated node's GPUs: a deterministic hardware model driven by a scenario.
 
 Owns what the GPUs of a simulated node report at a given moment: identity,
-temperatures, clocks, power and energy, framebuffer use, utilisation,
-memory errors and repairs, NVLink
+temperatures, clocks, power and energy, framebuffer use, utilisation, the
+PCIe link, the NVSwitch fabric registration, memory errors and repairs, NVLink
 state and error counters, and the XID events raised, for every GPU fault kind
 of the scenario contract (`sdc` and the `ib_*` kinds belong to other models).
 Reads only the scenario. `fake_nvml.FakeNvml` serves this model to the real
@@ -372,9 +372,6 @@ class _Background:
         self.utilization = _waves(rng, 4.0)
         self.memory_utilization_base = rng.uniform(40.0, 55.0)
         self.memory_utilization = _waves(rng, 5.0)
-        # A training job holds most of the framebuffer, its share moving a little.
-        self.memory_used_share_base = rng.uniform(0.78, 0.9)
-        self.memory_used_share = _waves(rng, 0.03)
         self.power_low, self.power_high = low, high
         self.power = _waves(rng, (high - low) / 3)
         # Busy GPUs brush their power limit now and then: a small share of
@@ -383,6 +380,11 @@ class _Background:
         # Most GPUs count no corrected ECC errors; a few count one now and then.
         self.corrected_ecc_per_s = rng.choice((0.0, 0.0, 0.0, rng.uniform(1 / 7200, 1 / 900)))
         self.corrected_ecc_history = rng.choice((0, 0, rng.randint(1, 40)))
+        # A training job holds most of the framebuffer, its share moving a
+        # little. Drawn last, so that the values drawn before stay what each
+        # seed gave before the framebuffer was modelled.
+        self.memory_used_share_base = rng.uniform(0.78, 0.9)
+        self.memory_used_share = _waves(rng, 0.03)
 
     def temperature_at(self, t: float) -> float:
         return min(72.0, max(55.0, self.temperature_base + _sum(self.temperature, t)))
