@@ -86,6 +86,15 @@ GPU_RECOVERY_ACTIONS: Mapping[int, str] = MappingProxyType(
     }
 )
 
+# nvmlGpuFabricState_t (nvml.h NVML_GPU_FABRIC_STATE_*), under the code table
+# of gpuwatchd_gpu_fabric_state_id.
+FABRIC_STATES: Mapping[int, str] = MappingProxyType(
+    {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+)
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_COMPLETED = 3
+
 # Retired pages (pre-Ampere page retirement), by cause.
 RETIRED_PAGE_CAUSES: tuple[str, ...] = ("multiple_single_bit", "double_bit")
 
@@ -129,6 +138,26 @@ class GpuSample:
     throttle_seconds: Mapping[str, float] = field(default_factory=dict)  # THROTTLE_REASONS
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # Energy since the driver was last loaded (nvmlDeviceGetTotalEnergyConsumption).
+    energy_joules: float | None = None
+    # Framebuffer (device memory) by use. With nvmlDeviceGetMemoryInfo_v2 the
+    # three add up to the total; where only v1 answers, `used` includes the
+    # driver's reservation and `reserved` is absent (nvml.h, nvmlMemory_t).
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    # PCIe link: current and maximum generation and width ("maximum possible
+    # with this device and system", nvml.h), and the link's replay counter.
+    pcie_link_generation: int | None = None
+    pcie_link_max_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_max_width: int | None = None
+    pcie_replays: int | None = None
+    # Registration with the NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV):
+    # one of FABRIC_STATES' codes, and the registration's NVML return code,
+    # which nvml.h says to read only once the state is COMPLETED.
+    fabric_state: int | None = None
+    fabric_status: int | None = None
     utilization_gpu_ratio: float | None = None
     utilization_memory_ratio: float | None = None
     ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (type, scope)

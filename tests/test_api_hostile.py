@@ -236,7 +236,9 @@ def test_a_log_line_escapes_whatever_is_not_printable_text() -> None:
         "gpuwatchd.x", logging.WARNING, "x", 1, "subject %s", ("\x1b]0;owned\x07\u202e\x9b",), None
     )
     line = JournalFormatter(syslog_prefix=True).format(record)
-    assert line == '<4>level=warning logger=gpuwatchd.x msg="subject \\x1b]0;owned\\x07\\u202e\\x9b"'
+    assert (
+        line == '<4>level=warning logger=gpuwatchd.x msg="subject \\x1b]0;owned\\x07\\u202e\\x9b"'
+    )
 
 
 def test_tokens_never_reach_logs_metrics_status_or_the_journal(

@@ -101,6 +101,8 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "call": "nvmlDeviceGetRemappedRows",
         "action": "gpu_reset",
         "mhz": 1410,
+        "width": 8,
+        "generation": 4,
     }
     values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():
@@ -160,3 +162,12 @@ def test_an_nvml_error_fault_takes_the_code_by_name_or_number() -> None:
 def test_nvml_faults_that_name_nothing_real_are_refused(fault: str, message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         parse(f"faults: [{fault[:-1]}, at: 1s}}]")
+
+
+def test_pcie_downtrained_takes_a_link_width_and_generation() -> None:
+    fault = parse("faults: [{at: 1s, kind: pcie_downtrained, gpu: 0, width: 4, generation: 3}]")
+    assert (fault.faults[0].width, fault.faults[0].generation) == (4, 3)
+    with pytest.raises(ScenarioError, match="width must be a PCIe link width"):
+        parse("faults: [{at: 1s, kind: pcie_downtrained, gpu: 0, width: 12}]")
+    with pytest.raises(ScenarioError, match="generation must be 1-6"):
+        parse("faults: [{at: 1s, kind: pcie_downtrained, gpu: 0, generation: 9}]")

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from gpuwatchd.checks import (
     CheckOutput,
     clocks,
+    fabric,
     gpu_lost,
     infiniband,
     memory,
     nvlink,
+    pcie,
     recovery,
     thermal,
     xid,
@@ -35,6 +37,8 @@ class ChecksConfig:
     memory: memory.MemoryConfig = field(default_factory=memory.MemoryConfig)
     xid: xid.XidConfig = field(default_factory=xid.XidConfig)
     gpu_lost: gpu_lost.GpuLostConfig = field(default_factory=gpu_lost.GpuLostConfig)
+    pcie: pcie.PcieConfig = field(default_factory=pcie.PcieConfig)
+    fabric: fabric.FabricConfig = field(default_factory=fabric.FabricConfig)
     infiniband: infiniband.InfinibandCheckConfig = field(
         default_factory=infiniband.InfinibandCheckConfig
     )
@@ -60,6 +64,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (clocks.NAME, lambda i, c: clocks.run(i.history, i.now, c.clocks)),
     (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink)),
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
+    (pcie.NAME, lambda i, c: pcie.run(i.history, i.now, c.pcie)),
+    (fabric.NAME, lambda i, c: fabric.run(i.history, i.now, c.fabric)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),

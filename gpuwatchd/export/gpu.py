@@ -15,6 +15,8 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATES,
     GPU_RECOVERY_ACTIONS,
     NVLINK_BER_TYPES,
     NVLINK_ERROR_TYPES,
@@ -65,6 +67,44 @@ _SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
         "gpuwatchd_gpu_power_limit_watts",
         "Enforced power limit of the GPU in watts.",
         lambda g: g.power_limit_watts,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_pcie_link_generation",
+        "PCIe generation the GPU's link runs at now (it may drop when the GPU idles).",
+        lambda g: g.pcie_link_generation,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_pcie_link_max_generation",
+        "Highest PCIe generation the GPU and its slot allow.",
+        lambda g: g.pcie_link_max_generation,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_pcie_link_width",
+        "Lanes the GPU's PCIe link runs at now.",
+        lambda g: g.pcie_link_width,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_pcie_link_max_width",
+        "Most lanes the GPU and its slot allow.",
+        lambda g: g.pcie_link_max_width,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_fabric_state_id",
+        "The GPU's registration with the NVSwitch fabric: "
+        + ", ".join(f"{code} {name}" for code, name in FABRIC_STATES.items())
+        + ".",
+        lambda g: g.fabric_state,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_fabric_status",
+        "NVML return code of the GPU's completed fabric registration (0: success).",
+        lambda g: g.fabric_status if g.fabric_state == FABRIC_STATE_COMPLETED else None,
         "",
     ),
     (
@@ -210,6 +250,40 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             for kind in ECC_TYPES
             for scope in ECC_SCOPES
         ),
+    )
+    yield _by_label(
+        GaugeMetricFamily(
+            "gpuwatchd_gpu_framebuffer_bytes",
+            "Device memory in bytes by state: used (allocated), free, and reserved by the "
+            "driver and firmware; the states add up to the total. Where the driver has no "
+            "nvmlDeviceGetMemoryInfo_v2, used includes the reservation and reserved is absent.",
+            labels=(*GPU_LABELS, "state"),
+        ),
+        gpus,
+        lambda g: (
+            ("used", g.memory_used_bytes),
+            ("free", g.memory_free_bytes),
+            ("reserved", g.memory_reserved_bytes),
+        ),
+    )
+    # Counters of the GPU alone: no label beyond the GPU's.
+    yield _by_label(
+        CounterMetricFamily(
+            "gpuwatchd_gpu_energy_joules",
+            "Energy the GPU drew since the driver was loaded, in joules.",
+            labels=GPU_LABELS,
+        ),
+        gpus,
+        lambda g: [((), g.energy_joules)],
+    )
+    yield _by_label(
+        CounterMetricFamily(
+            "gpuwatchd_gpu_pcie_replays",
+            "PCIe replays of the GPU's link (NVML's 32-bit replay counter).",
+            labels=GPU_LABELS,
+        ),
+        gpus,
+        lambda g: [((), g.pcie_replays)],
     )
     yield _by_label(
         GaugeMetricFamily(

@@ -36,6 +36,14 @@ Per generation, as HARDWARE-NOTES.md describes:
 - Clocks locked by an operator show as they do on a real GPU: the current
   clock held at the lock, the maximum and application clocks unchanged and no
   clocks-event reason bit (NVML has only setters for locked clocks).
+- The framebuffer answers through nvmlDeviceGetMemoryInfo (v1: used
+  includes the driver's reservation) and nvmlDeviceGetMemoryInfo_v2
+  (reservation apart); the energy counter in millijoules on every GPU (Volta on).
+- The PCIe link answers its current and maximum generation and width and its
+  replay counter on every GPU (nvml.h: Fermi/Kepler on).
+- Hopper and newer GPUs report their NVSwitch fabric registration (state and
+  status) through nvmlDeviceGetGpuFabricInfo and its versioned V call; older
+  GPUs answer NotSupported.
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
 - A lost GPU answers GPU_IS_LOST, a GPU that needs a reset RESET_REQUIRED, to
@@ -256,8 +264,10 @@ class DeviceModes:
     mig_mode: int | None = 0
     # Process ids of the MPS clients on the GPU.
     mps_pids: tuple[int, ...] = ()
-    memory_total: int = 80 * 1024**3
-    memory_used: int = 1024**3
+    # Framebuffer total and allocated bytes, in place of the simulated GPU's
+    # own (None: the GPU's).
+    memory_total: int | None = None
+    memory_used: int | None = None
 
 
 @dataclass
@@ -518,6 +528,16 @@ class FakeNvml:
                     ("nvmlDeviceGetViolationStatus", (_U, _P), self._violation_status),
                     ("nvmlDeviceGetPowerUsage", (_P,), self._power_usage),
                     ("nvmlDeviceGetEnforcedPowerLimit", (_P,), self._power_limit),
+                    ("nvmlDeviceGetTotalEnergyConsumption", (_P,), self._energy),
+                    ("nvmlDeviceGetMemoryInfo", (_P,), self._memory_info),
+                    ("nvmlDeviceGetCurrPcieLinkGeneration", (_P,), self._pcie_generation),
+                    ("nvmlDeviceGetMaxPcieLinkGeneration", (_P,), self._pcie_max_generation),
+                    ("nvmlDeviceGetCurrPcieLinkWidth", (_P,), self._pcie_width),
+                    ("nvmlDeviceGetMaxPcieLinkWidth", (_P,), self._pcie_max_width),
+                    ("nvmlDeviceGetPcieReplayCounter", (_P,), self._pcie_replays),
+                    ("nvmlDeviceGetGpuFabricInfo", (_P,), self._fabric_info),
+                    ("nvmlDeviceGetGpuFabricInfoV", (_P,), self._fabric_info_v),
+                    ("nvmlDeviceGetMemoryInfo_v2", (_P,), self._memory_info_v2),
                     ("nvmlDeviceGetUtilizationRates", (_P,), self._utilization),
                     ("nvmlDeviceGetTotalEccErrors", (_U, _U, _P), self._ecc_errors),
                     ("nvmlDeviceGetRemappedRows", (_P, _P, _P, _P), self._remapped_rows),
@@ -532,7 +552,6 @@ class FakeNvml:
                     ("nvmlDeviceGetComputeMode", (_P,), self._compute_mode),
                     ("nvmlDeviceGetMigMode", (_P, _P), self._mig_mode),
                     ("nvmlDeviceGetMPSComputeRunningProcesses_v3", (_P, _P), self._mps),
-                    ("nvmlDeviceGetMemoryInfo", (_P,), self._memory_info),
                 )
             },
         }
@@ -678,6 +697,93 @@ class FakeNvml:
         limit = round(self._gpu(gpu).spec.power_limit_watts * 1000)
         return _put(ctypes.c_uint, value, limit)
 
+    def _energy(self, gpu: int, value: int | None) -> int:
+        # nvml.h: millijoules since the driver was last reloaded, "for Volta
+        # or newer" (every simulated GPU is).
+        return _put(ctypes.c_ulonglong, value, self._state(gpu).energy_millijoules)
+
+    def _framebuffer(self, gpu: int) -> tuple[int, int, int]:
+        """Total, reserved and allocated bytes: the simulated GPU's, or a test's."""
+        spec, state, modes = self._gpu(gpu).spec, self._state(gpu), self._modes(gpu)
+        if modes.memory_total is not None:
+            return modes.memory_total, 0, modes.memory_used or 0
+        return spec.memory_total_bytes, spec.memory_reserved_bytes, state.memory_used_bytes
+
+    def _memory_info(self, gpu: int, address: int) -> int:
+        # nvml.h, nvmlMemory_t: `used` is the "sum of Reserved and Allocated
+        # device memory", so used + free = total.
+        total, reserved, used = self._framebuffer(gpu)
+        struct = pynvml.c_nvmlMemory_t.from_address(address)
+        struct.total = total
+        struct.used = used + reserved
+        struct.free = total - struct.used
+        return _SUCCESS
+
+    def _memory_info_v2(self, gpu: int, address: int) -> int:
+        # nvml.h, nvmlMemory_v2_t: the reservation apart ("Device memory
+        # reserved for system use (driver or firmware)"), `used` the allocated
+        # memory, as nvidia-smi shows Total = Reserved + Used + Free; the
+        # struct's version is checked like every versioned struct.
+        struct = pynvml.c_nvmlMemory_v2_t.from_address(address)
+        if struct.version != pynvml.nvmlMemory_v2:
+            return _ARGUMENT_VERSION_MISMATCH
+        total, reserved, used = self._framebuffer(gpu)
+        struct.total, struct.reserved, struct.used = total, reserved, used
+        struct.free = total - reserved - used
+        return _SUCCESS
+
+    # -- PCIe -------------------------------------------------------------------
+    # nvml.h: link generation and width "for Fermi or newer", the replay
+    # counter "for Kepler or newer" (every simulated GPU); the maxima are "the
+    # maximum ... possible with this device and system", i.e. what the GPU's
+    # slot allows, not what it trained to.
+
+    def _pcie_generation(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_generation)
+
+    def _pcie_max_generation(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._gpu(gpu).spec.pcie_max_generation)
+
+    def _pcie_width(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_width)
+
+    def _pcie_max_width(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._gpu(gpu).spec.pcie_max_width)
+
+    def _pcie_replays(self, gpu: int, value: int | None) -> int:
+        # An unsigned int in nvml.h: it wraps at 2^32 like the hardware's.
+        return _put(ctypes.c_uint, value, self._state(gpu).pcie_replays & 0xFFFFFFFF)
+
+    # -- NVSwitch fabric ---------------------------------------------------------
+    # nvml.h: "For Hopper or newer fully supported devices"; on Hopper +
+    # NVSwitch systems the GPU registers with the fabric manager, and `status`
+    # "must be checked only if state returns complete". A GPU with no fabric
+    # to join answers state NOT_SUPPORTED. The V call checks its struct's
+    # version (nvmlGpuFabricInfo_v2) like every versioned struct.
+
+    def _fabric(self, gpu: int) -> tuple[int, int] | None:
+        if not self._gpu(gpu).spec.at_least("hopper"):
+            return None
+        return self._state(gpu).fabric
+
+    def _fabric_info(self, gpu: int, address: int) -> int:
+        fabric = self._fabric(gpu)
+        if fabric is None:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlGpuFabricInfo_t.from_address(address)
+        struct.state, struct.status = fabric
+        return _SUCCESS
+
+    def _fabric_info_v(self, gpu: int, address: int) -> int:
+        fabric = self._fabric(gpu)
+        if fabric is None:
+            return _NOT_SUPPORTED
+        struct = pynvml.c_nvmlGpuFabricInfo_v2_t.from_address(address)
+        if struct.version != pynvml.nvmlGpuFabricInfo_v2:
+            return _ARGUMENT_VERSION_MISMATCH
+        struct.state, struct.status = fabric
+        return _SUCCESS
+
     def _utilization(self, gpu: int, address: int) -> int:
         state = self._state(gpu)
         struct = pynvml.c_nvmlUtilization_t.from_address(address)
@@ -719,14 +825,6 @@ class FakeNvml:
             slot.usedGpuMemory = 0
             slot.gpuInstanceId = 0xFFFFFFFF
             slot.computeInstanceId = 0xFFFFFFFF
-        return _SUCCESS
-
-    def _memory_info(self, gpu: int, address: int) -> int:
-        modes = self._modes(gpu)
-        struct = pynvml.c_nvmlMemory_t.from_address(address)
-        struct.total = modes.memory_total
-        struct.used = modes.memory_used
-        struct.free = modes.memory_total - modes.memory_used
         return _SUCCESS
 
     # -- memory errors ---------------------------------------------------------

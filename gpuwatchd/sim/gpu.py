@@ -1,7 +1,8 @@
 """The simulated node's GPUs: a deterministic hardware model driven by a scenario.
 
 Owns what the GPUs of a simulated node report at a given moment: identity,
-temperatures, clocks, power, utilisation, memory errors and repairs, NVLink
+temperatures, clocks, power and energy, framebuffer use, utilisation, the
+PCIe link, the NVSwitch fabric registration, memory errors and repairs, NVLink
 state and error counters, and the XID events raised, for every GPU fault kind
 of the scenario contract (`sdc` and the `ib_*` kinds belong to other models).
 Reads only the scenario. `fake_nvml.FakeNvml` serves this model to the real
@@ -26,6 +27,9 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATE_NOT_STARTED,
+    FABRIC_STATE_NOT_SUPPORTED,
     NVLINK_ERROR_TYPES,
     RETIRED_PAGE_CAUSES,
     ROW_REMAPPER_BUCKETS,
@@ -83,6 +87,12 @@ _POWER_BRAKE_REASONS = (
 
 K = TypeVar("K")
 
+_SUCCESS = 0  # NVML_SUCCESS
+
+_MIB = 1 << 20
+# The energy counter integrates the power over steps this long.
+ENERGY_STEP_S = 10.0
+
 # Bus ids of the eight GPUs of an HGX H100 baseboard, in NVML index order.
 _HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 
@@ -113,6 +123,27 @@ class GpuSpec:
     # Availability Histogram": 640 on an A100 80GB; the H100's 2560 is assumed
     # for every HBM3/HBM3e board, not confirmed on one).
     memory_banks: int = 2560
+    # Framebuffer as nvmlDeviceGetMemoryInfo_v2 reports it: total, and what
+    # the driver and firmware reserve (`nvidia-smi -q`, "FB Memory Usage": an
+    # H100 80GB shows 81559 MiB total; the reservation of a few hundred MiB
+    # is assumed alike on every board, not confirmed on each).
+    memory_total_mib: int = 81559
+    memory_reserved_mib: int = 330
+    # The PCIe link the GPU and its HGX baseboard's switches train to
+    # (`nvidia-smi -q`, "Max" under "PCIe Generation" and "Link Width"): Gen5
+    # x16 on H100/H200, Gen4 on A100, Gen3 on V100. B200 is Gen6-capable, but
+    # nvml.h's maximum is what "this device and system" allow and HGX B200
+    # hosts are Gen5.
+    pcie_max_generation: int = 5
+    pcie_max_width: int = 16
+
+    @property
+    def memory_total_bytes(self) -> int:
+        return self.memory_total_mib * _MIB
+
+    @property
+    def memory_reserved_bytes(self) -> int:
+        return self.memory_reserved_mib * _MIB
 
     def at_least(self, architecture: str) -> bool:
         return ARCHITECTURES.index(self.architecture) >= ARCHITECTURES.index(architecture)
@@ -144,7 +175,13 @@ SPECS: Mapping[str, GpuSpec] = {
     for spec in (
         _H100,
         # The H200 is an H100 with faster, larger HBM3e.
-        replace(_H100, name="NVIDIA H200", pci_device_id=0x233510DE, memory_mhz=3201),
+        replace(
+            _H100,
+            name="NVIDIA H200",
+            pci_device_id=0x233510DE,
+            memory_mhz=3201,
+            memory_total_mib=143771,
+        ),
         GpuSpec(
             name="NVIDIA A100-SXM4-80GB",
             architecture="ampere",
@@ -160,6 +197,8 @@ SPECS: Mapping[str, GpuSpec] = {
             gpu_max_operating_celsius=85,
             memory_max_operating_celsius=95,
             memory_banks=640,
+            memory_total_mib=81920,
+            pcie_max_generation=4,
         ),
         GpuSpec(
             name="NVIDIA B200",
@@ -171,6 +210,7 @@ SPECS: Mapping[str, GpuSpec] = {
             memory_mhz=3996,
             power_limit_watts=1000.0,
             busy_power_watts=(700.0, 985.0),
+            memory_total_mib=183359,
             shutdown_celsius=92,
             slowdown_celsius=89,
             gpu_max_operating_celsius=87,
@@ -186,6 +226,8 @@ SPECS: Mapping[str, GpuSpec] = {
             memory_mhz=877,
             power_limit_watts=300.0,
             busy_power_watts=(210.0, 295.0),
+            memory_total_mib=32768,
+            pcie_max_generation=3,
             shutdown_celsius=90,
             slowdown_celsius=87,
             gpu_max_operating_celsius=83,
@@ -259,6 +301,16 @@ class GpuState:
     sm_clock_mhz: int
     memory_clock_mhz: int
     power_milliwatts: int
+    # Energy since the driver was loaded (NVML's unit, millijoules).
+    energy_millijoules: int
+    # Device memory allocated by processes (nvmlMemory_v2_t.used).
+    memory_used_bytes: int
+    pcie_generation: int
+    pcie_width: int
+    pcie_replays: int  # cumulative
+    # (nvmlGpuFabricState_t, status): registered (COMPLETED, SUCCESS) on a
+    # node with NVLinks, NOT_SUPPORTED on one without.
+    fabric: tuple[int, int]
     utilization_gpu_percent: int
     utilization_memory_percent: int
     clocks_event_reasons: int
@@ -269,6 +321,14 @@ class GpuState:
     recovery_action: int = 0  # nvmlDeviceGpuRecoveryAction_t
     # Every call on the GPU answers NVML_ERROR_RESET_REQUIRED.
     reset_required: bool = False
+
+
+@dataclass(frozen=True)
+class _OperatingPoint:
+    temperature: float
+    reasons: int
+    sm_clock: float
+    power: float
 
 
 @dataclass(frozen=True)
@@ -320,6 +380,11 @@ class _Background:
         # Most GPUs count no corrected ECC errors; a few count one now and then.
         self.corrected_ecc_per_s = rng.choice((0.0, 0.0, 0.0, rng.uniform(1 / 7200, 1 / 900)))
         self.corrected_ecc_history = rng.choice((0, 0, rng.randint(1, 40)))
+        # A training job holds most of the framebuffer, its share moving a
+        # little. Drawn last, so that the values drawn before stay what each
+        # seed gave before the framebuffer was modelled.
+        self.memory_used_share_base = rng.uniform(0.78, 0.9)
+        self.memory_used_share = _waves(rng, 0.03)
 
     def temperature_at(self, t: float) -> float:
         return min(72.0, max(55.0, self.temperature_base + _sum(self.temperature, t)))
@@ -329,6 +394,9 @@ class _Background:
 
     def memory_utilization_at(self, t: float) -> int:
         return round(self.memory_utilization_base + _sum(self.memory_utilization, t))
+
+    def memory_used_share_at(self, t: float) -> float:
+        return min(0.97, max(0.5, self.memory_used_share_base + _sum(self.memory_used_share, t)))
 
     def power_at(self, t: float) -> float:
         middle = (self.power_low + self.power_high) / 2
@@ -422,6 +490,8 @@ class _GpuModel:
         self.gpu = gpu
         self._faults = faults
         self._background = _Background(random.Random(f"{seed}/gpu/{gpu.index}"), gpu.spec)
+        # Energy at the end of each ENERGY_STEP_S step: [0] is time 0.
+        self._energy_steps = [0.0]
         for fault in faults:
             if fault.link is not None and fault.link >= gpu.nvlinks:
                 raise ValueError(
@@ -456,7 +526,8 @@ class _GpuModel:
         state, baseline = self._own_state_at(t), self.gpu.baseline
         return state if baseline is None else _from_baseline(state, self._start, baseline)
 
-    def _own_state_at(self, t: float) -> GpuState:
+    def _operating_point(self, t: float) -> _OperatingPoint:
+        """Temperature, clocks-event reasons, SM clock and power at time t."""
         spec, background = self.gpu.spec, self._background
         heat = max(
             (_envelope(f, t, THERMAL_RAMP_S) for f in self._of("thermal_throttle")), default=0.0
@@ -483,16 +554,74 @@ class _GpuModel:
         for fault in self._of("clock_drift"):
             if fault.active(t):
                 sm_clock *= fault.ratio or DEFAULT_CLOCK_DRIFT_RATIO
+        return _OperatingPoint(temperature, reasons, sm_clock, power)
+
+    def _energy_joules(self, t: float) -> float:
+        """Energy drawn by time t: the power integrated over ENERGY_STEP_S
+        steps (midpoint rule), the steps before t summed once and kept, so the
+        counter reads the same however often the model is advanced."""
+        steps, rest = divmod(t, ENERGY_STEP_S)
+        energy = self._energy_steps
+        while len(energy) <= steps:
+            middle = (len(energy) - 0.5) * ENERGY_STEP_S
+            energy.append(energy[-1] + self._operating_point(middle).power * ENERGY_STEP_S)
+        whole = int(steps)
+        return energy[whole] + self._operating_point(t - rest / 2).power * rest
+
+    def _pcie_link(self, t: float) -> tuple[int, int]:
+        """(generation, width) the link runs at: the maxima on a busy GPU, or
+        what a `pcie_downtrained` fault trained it to (half the lanes unless
+        it says)."""
+        spec = self.gpu.spec
+        generation, width = spec.pcie_max_generation, spec.pcie_max_width
+        for fault in self._of("pcie_downtrained"):
+            if fault.active(t):
+                generation = min(generation, fault.generation or generation)
+                fallback = width if fault.generation else width // 2
+                width = min(width, fault.width or fallback)
+        return generation, width
+
+    def _fabric(self, t: float) -> tuple[int, int]:
+        """The GPU's fabric registration: an HGX board's GPUs reach the
+        NVSwitches over NVLink and are registered by the time the node runs
+        jobs; `fabric_unregistered` leaves one not started (the fabric
+        manager never took it), or completed with the NVML error `code`."""
+        if self.gpu.nvlinks == 0:
+            return FABRIC_STATE_NOT_SUPPORTED, _SUCCESS
+        for fault in self._of("fabric_unregistered"):
+            if fault.active(t):
+                if fault.code is None:
+                    return FABRIC_STATE_NOT_STARTED, _SUCCESS
+                return FABRIC_STATE_COMPLETED, fault.code
+        return FABRIC_STATE_COMPLETED, _SUCCESS
+
+    def _memory_used_bytes(self, t: float) -> int:
+        spec = self.gpu.spec
+        available = spec.memory_total_bytes - spec.memory_reserved_bytes
+        share = self._background.memory_used_share_at(t)
+        return round(available * share / _MIB) * _MIB
+
+    def _own_state_at(self, t: float) -> GpuState:
+        spec, background = self.gpu.spec, self._background
+        point = self._operating_point(t)
+        temperature = point.temperature
+        generation, width = self._pcie_link(t)
         return GpuState(
             lost=_any_active(self._of("gpu_lost"), t),
             temperature_celsius=round(temperature),
             memory_temperature_celsius=round(temperature + background.memory_offset),
-            sm_clock_mhz=_quantize(sm_clock, spec),
+            sm_clock_mhz=_quantize(point.sm_clock, spec),
             memory_clock_mhz=spec.memory_mhz,
-            power_milliwatts=round(power * 1000),
+            power_milliwatts=round(point.power * 1000),
+            energy_millijoules=round(self._energy_joules(t) * 1000),
+            memory_used_bytes=self._memory_used_bytes(t),
+            pcie_generation=generation,
+            pcie_width=width,
+            pcie_replays=_grown(self._of("pcie_replay_storm"), t),
+            fabric=self._fabric(t),
             utilization_gpu_percent=background.utilization_at(t),
             utilization_memory_percent=background.memory_utilization_at(t),
-            clocks_event_reasons=reasons,
+            clocks_event_reasons=point.reasons,
             violation_ns=self._violation_ns(t),
             ecc_errors=self._ecc_errors(t),
             repairs=self._memory_repairs(t),
@@ -628,6 +757,9 @@ _GPU_FAULT_KINDS = frozenset(
         "nvml_error",
         "reset_required",
         "recovery_action",
+        "pcie_downtrained",
+        "pcie_replay_storm",
+        "fabric_unregistered",
     }
 )
 

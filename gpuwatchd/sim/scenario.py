@@ -71,6 +71,13 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
     "reset_required": (frozenset({"gpu"}), frozenset()),
     "recovery_action": (frozenset({"gpu", "action"}), frozenset()),
+    # A GPU's PCIe link trained below its maximum: `width` lanes and/or
+    # `generation` (half the lanes when neither is given).
+    "pcie_downtrained": (frozenset({"gpu"}), frozenset({"width", "generation"})),
+    "pcie_replay_storm": (frozenset({"gpu", "rate"}), frozenset()),
+    # A GPU the NVSwitch fabric manager has not registered: not started, or
+    # completed with the NVML error `code` (NOT_READY, ...).
+    "fabric_unregistered": (frozenset({"gpu"}), frozenset({"code"})),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -147,6 +154,8 @@ class Fault:
     count: int | None = None
     mhz: int | None = None
     counter: str | None = None  # an InfiniBand counter file's name
+    width: int | None = None  # pcie_downtrained: lanes
+    generation: int | None = None  # pcie_downtrained: PCIe generation
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -282,6 +291,10 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         count=_require_int(raw["count"], "count", label) if "count" in raw else None,
         mhz=_require_int(raw["mhz"], "mhz", label) if "mhz" in raw else None,
         counter=_require_text(raw["counter"], "counter", label) if "counter" in raw else None,
+        width=_require_int(raw["width"], "width", label) if "width" in raw else None,
+        generation=(
+            _require_int(raw["generation"], "generation", label) if "generation" in raw else None
+        ),
     )
     _check_ranges(fault, node, label)
     return fault
@@ -293,7 +306,7 @@ def _parse_code(kind: str, raw: dict[str, Any], label: str) -> int | None:
         return _named(raw["action"], GPU_RECOVERY_ACTIONS, "action", label)
     if "code" not in raw:
         return None
-    if kind == "nvml_error":
+    if kind in ("nvml_error", "fabric_unregistered"):
         return _named(raw["code"], NVML_ERRORS, "code", label)
     return _require_int(raw["code"], "code", label)
 
@@ -354,6 +367,12 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(
             f"{label}: counter {fault.counter!r} has no IBTA maximum to pin at (known: {known})"
         )
+    if fault.width is not None and fault.width not in (1, 2, 4, 8, 16):
+        raise ScenarioError(
+            f"{label}: width must be a PCIe link width (1-16 lanes), got {fault.width}"
+        )
+    if fault.generation is not None and not 1 <= fault.generation <= 6:
+        raise ScenarioError(f"{label}: generation must be 1-6, got {fault.generation}")
     if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
         raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
 

@@ -2,7 +2,10 @@
 
 Reads, for every GPU: identity, GPU and HBM temperatures and their thresholds,
 clocks (current, max, application), the clocks-event reasons and cumulative
-throttle time, power and its limit, utilisation, ECC counts, row remapping or
+throttle time, power, its limit and the energy counter, utilisation, the
+framebuffer's used, free and reserved bytes, the PCIe link's generation and
+width (current and maximum) and its replay counter, its registration with
+the NVSwitch fabric, ECC counts, row remapping or
 page retirement, and per NVLink its state and error counters; and counts XID
 critical errors from an NVML event set. Knows nothing about health.
 
@@ -205,6 +208,15 @@ _SCALARS = (
     _Scalar("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", convert=int),
     _Scalar("power_watts", "nvmlDeviceGetPowerUsage", convert=_scaled(_MILLI)),
     _Scalar("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", convert=_scaled(_MILLI)),
+    # Millijoules since the driver was loaded (nvml.h: Volta and newer).
+    _Scalar("energy_joules", "nvmlDeviceGetTotalEnergyConsumption", convert=_scaled(_MILLI)),
+    # The PCIe link as it trained and as far as the GPU and its slot allow
+    # (the maxima are "possible with this device and system", nvml.h).
+    _Scalar("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", convert=int),
+    _Scalar("pcie_link_max_generation", "nvmlDeviceGetMaxPcieLinkGeneration", convert=int),
+    _Scalar("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", convert=int),
+    _Scalar("pcie_link_max_width", "nvmlDeviceGetMaxPcieLinkWidth", convert=int),
+    _Scalar("pcie_replays", "nvmlDeviceGetPcieReplayCounter", convert=int),
 )
 
 
@@ -660,6 +672,55 @@ def _read_thresholds(read: _GpuRead, sample: dict[str, Any], temperature: int | 
     t_limit = float(temperature) + float(margin)
     for attr, tlimit_field in refused:
         read.want(attr, tlimit_field, sample, attr, lambda past_t_limit: t_limit - past_t_limit)
+
+
+def _read_framebuffer(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """Used, free and reserved device memory: nvmlDeviceGetMemoryInfo_v2,
+    which reports the driver's reservation apart, or v1 where a driver or
+    binding lacks it (v1's used includes the reservation: nvml.h, nvmlMemory_t)."""
+    version = _binding("nvmlMemory_v2")
+    memory = None
+    if version is not None:
+        memory = read.call(
+            "framebuffer (v2)",
+            "nvmlDeviceGetMemoryInfo",
+            version,
+            then="trying nvmlDeviceGetMemoryInfo (v1)",
+        )
+    if memory is not None:
+        sample["memory_reserved_bytes"] = int(memory.reserved)
+    else:
+        memory = read.call("framebuffer", "nvmlDeviceGetMemoryInfo")
+    if memory is not None:
+        sample["memory_used_bytes"] = int(memory.used)
+        sample["memory_free_bytes"] = int(memory.free)
+
+
+def _read_fabric(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """The GPU's registration with the NVSwitch fabric: the versioned
+    nvmlDeviceGetGpuFabricInfoV (R550 on), or the unversioned call nvml.h
+    deprecates in 13.0 where a driver or binding lacks it. Pre-Hopper GPUs
+    answer NotSupported (nvml.h: "Hopper or newer")."""
+    info = None
+    versioned = _binding("c_nvmlGpuFabricInfoV_t")
+    if versioned is not None:
+        info = versioned()  # its constructor sets the struct version
+        if (
+            read.call(
+                "fabric",
+                "nvmlDeviceGetGpuFabricInfoV",
+                ctypes.byref(info),
+                then="trying nvmlDeviceGetGpuFabricInfo",
+            )
+            is None
+        ):
+            info = None
+    if info is None:
+        info = pynvml.c_nvmlGpuFabricInfo_t()
+        if read.call("fabric (v1)", "nvmlDeviceGetGpuFabricInfo", ctypes.byref(info)) is None:
+            return
+    sample["fabric_state"] = int(info.state)
+    sample["fabric_status"] = int(info.status)
 
 
 def _read_utilization(read: _GpuRead, sample: dict[str, Any]) -> None:
@@ -1210,6 +1271,8 @@ class NvmlSource:
         _read_scalars(read, _SCALARS, sample)
         _read_temperatures(read, sample)
         _read_utilization(read, sample)
+        _read_framebuffer(read, sample)
+        _read_fabric(read, sample)
         _read_throttle(read, sample, self._counter_ids)
         _read_memory_errors(read, sample)
         _read_recovery_action(read, sample)
