@@ -778,7 +778,7 @@ class FakeNvml:
         fabric = self._fabric(gpu)
         if fabric is None:
             return _NOT_SUPPORTED
-        struct = pynvml.c_nvmlGpuFabricInfo_v2_t.from_address(address)
+        struct = pynvml.c_nvmlGpuFabricInfoV_t.from_address(address)
         if struct.version != pynvml.nvmlGpuFabricInfo_v2:
             return _ARGUMENT_VERSION_MISMATCH
         struct.state, struct.status = fabric
