@@ -432,7 +432,7 @@ class Stack:
                     with urllib.request.urlopen(url, timeout=2):
                         del waiting[name]
                 except (urllib.error.URLError, OSError):
-                    pass
+                    pass  # not listening yet: asked again until READY_TIMEOUT_S
             time.sleep(0.2)
         if waiting:
             raise RuntimeError(f"not ready after {READY_TIMEOUT_S:g}s: {', '.join(waiting)}")

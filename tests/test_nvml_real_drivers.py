@@ -16,7 +16,7 @@ from nvml_support import A100, V100, simulated_node
 from gpuwatchd.checks import gpu_lost, recovery
 from gpuwatchd.checks.gpu_lost import GpuLostConfig
 from gpuwatchd.history import History
-from gpuwatchd.model import Action, Reading, Severity
+from gpuwatchd.model import Action, GpuSample, Reading, Severity
 from gpuwatchd.sources import NvmlSourceConfig
 from gpuwatchd.sources.nvml import REASK_REFUSED_S, NvmlSource
 
@@ -253,3 +253,9 @@ def test_a_broken_xid_event_wait_is_seen(caplog: pytest.LogCaptureFixture) -> No
     assert broken.gpus is not None and broken.gpus[0].xid_events_received is False
     assert ("gpu:0", "xid_events_not_received", Severity.WARN) in lost_check(broken)
     assert again.gpus is not None and again.gpus[0].xid_events_received is True
+
+
+def test_a_recovery_action_newer_than_this_daemon_warns_and_drains_nothing() -> None:
+    sample = GpuSample(index=0, up=True, recovery_action=99)
+    reading = Reading(source="nvml", time=0.0, gpus=(sample,))
+    assert judged(reading) == [("gpu:0", "gpu_recovery_action", Severity.WARN, Action.NONE, False)]

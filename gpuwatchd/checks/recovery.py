@@ -57,28 +57,19 @@ def _recovery_action(sample: GpuSample) -> Iterator[Finding]:
         return
     name = GPU_RECOVERY_ACTIONS.get(code)
     action = ACTIONS.get(name or "")
-    subject = gpu_subject(sample.index)
-    evidence: dict[str, float | int | str] = {"recovery_action": name or code}
-    if action is None:
-        # A value newer than this daemon: say so, and let a person decide.
-        yield Finding(
-            subject=subject,
-            check=NAME,
-            code="gpu_recovery_action",
-            severity=Severity.WARN,
-            message=f"the driver asks for recovery action {code}, unknown to this gpuwatchd",
-            evidence=evidence,
-        )
-        return
+    # A value newer than this daemon warns: a person decides what it asks.
+    known = action is not None
     yield Finding(
-        subject=subject,
+        subject=gpu_subject(sample.index),
         check=NAME,
         code="gpu_recovery_action",
-        severity=Severity.CRITICAL,
-        message=f"the driver asks for recovery action {name}",
-        action=action,
-        evidence=evidence,
-        immediate=True,
+        severity=Severity.CRITICAL if known else Severity.WARN,
+        message=f"the driver asks for recovery action {name}"
+        if known
+        else f"the driver asks for recovery action {code}, unknown to this gpuwatchd",
+        action=action or Action.NONE,
+        evidence={"recovery_action": name or code},
+        immediate=known,
     )
 
 
