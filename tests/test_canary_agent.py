@@ -150,6 +150,22 @@ def test_busy_gpus_are_left_alone_when_canaries_run_only_on_idle_ones() -> None:
     assert view.stats.runs == {}
 
 
+def test_every_canary_is_exported_at_zero_before_it_first_runs() -> None:
+    # So that a first burst's mismatch is an increase from 0 that
+    # increase() sees, not a series born at 1.
+    clock = FakeClock()
+    canaries = agent(clock, config=CanaryConfig(host_cores=False, when="idle"))
+    view = canaries.poll(gpus(2, utilization=0.9))
+    [runs] = [family for family in families(view.stats) if family.name == "gpuwatchd_canary_runs"]
+    series = {
+        (s.labels["gpu"], s.labels["canary"], s.labels["result"]): s.value for s in runs.samples
+    }
+    assert set(series.values()) == {0}
+    assert ("1", "gemm_exact_fp16", "mismatch") in series
+    assert ("0", "hbm_walking_ones_u64", "pass") in series
+    assert {gpu for gpu, _, _ in series} == {"0", "1"}
+
+
 def test_an_xid_during_a_burst_fails_it_instead_of_raising_a_lead() -> None:
     clock = FakeClock()
     canaries = agent(clock, on_gpu_1("consistent"))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -173,6 +173,7 @@ class CanaryAgent:
         self._out_of_service = frozenset(quarantined) | frozenset(self._confirm.confirmed)
         if not self._config.enabled:
             return CanaryView((), self._stats)
+        self._stats = self._stats.plan(self._planned())
         self._collect(now, xid_events)
         self._start_reruns(now)
         self._start_due(now)
@@ -335,6 +336,13 @@ class CanaryAgent:
             seed = self._config.seed + count % self._config.seed_rotation
             self._schedule = schedule.started(self._schedule, key, now, idle[key])
             self._submit(key, self._request(key, self._suite(key, seed, now)), None)
+
+    def _planned(self) -> Iterator[tuple[str, str]]:
+        """Every (target, canary) the regular bursts will run."""
+        for target in self._targets():
+            key = schedule.schedule_key(target)
+            for spec in self._suite(key, self._config.seed, 0.0):
+                yield target, spec.name
 
     def _suite(self, key: str, seed: int, now: float) -> tuple[CanarySpec, ...]:
         if key == schedule.HOST:

@@ -3,7 +3,8 @@
 GPU series carry `gpu` (the index) and `canary` (kind and format, e.g.
 `gemm_exact_fp16`); the host's cores get their own run counter with
 `core`. Every (gpu, canary) seen has all four `result` series, so a first
-mismatch is an increase from 0, not a new series that rate() cannot see.
+mismatch is an increase from 0, not a new series that rate() cannot see;
+the suite's canaries are there at 0 from the first poll, before any ran.
 
     gpuwatchd_canary_runs_total{gpu,canary,result}
     gpuwatchd_canary_last_pass_timestamp_seconds{gpu}
@@ -36,7 +37,7 @@ def families(stats: CanaryStats) -> Iterable[Metric]:
 
 
 def _families(stats: CanaryStats) -> Iterator[Metric]:
-    pairs = sorted({(target, canary) for target, canary, _ in stats.runs})
+    pairs = sorted({(target, canary) for target, canary, _ in stats.runs} | stats.planned)
     gpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "gpu"]
     cpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "cpu"]
 

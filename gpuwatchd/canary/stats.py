@@ -3,8 +3,8 @@ results, built burst by burst, that the exporter renders."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -28,6 +28,14 @@ class CanaryStats:
     # GPU index -> (why no canary runs on it now, since when): the agent
     # sets it every poll.
     unchecked: Mapping[int, tuple[str, float]] = field(default_factory=_empty)
+    # (target, canary) pairs that will run: exported at zero from the first
+    # poll, so that even a first burst's mismatch is an increase from 0.
+    planned: frozenset[tuple[str, str]] = frozenset()
+
+    def plan(self, pairs: Iterable[tuple[str, str]]) -> CanaryStats:
+        """These stats with `pairs` exported from now on, at zero until they run."""
+        planned = self.planned | frozenset(pairs)
+        return self if planned == self.planned else replace(self, planned=planned)
 
     def add(self, burst: Sequence[CanaryResult]) -> CanaryStats:
         """These stats with one burst's results counted in."""
@@ -51,4 +59,5 @@ class CanaryStats:
             last_pass=MappingProxyType(last_pass),
             latest=MappingProxyType(latest),
             unchecked=self.unchecked,
+            planned=self.planned,
         )
