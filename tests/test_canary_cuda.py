@@ -100,6 +100,31 @@ def test_every_canary_runs_through_the_cuda_backend(fake_cupy: Any) -> None:
     assert {(c["m"], c["n"], c["k"]) for c in exact_calls} == {(64, 64, 64)}
 
 
+def test_a_chain_reports_the_share_of_sms_that_ran_a_whole_thread(
+    fake_cupy: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cupy._kernels as kernels  # type: ignore[import-not-found]
+
+    from gpuwatchd.canary.cuda import CudaBackend
+    from gpuwatchd.canary.suite import RunContext, run_canary
+
+    chain = CanarySpec("int_chain", "u32", (256 * 264, 16), 2)  # two blocks an SM
+    backend = CudaBackend(0)
+    assert run_canary(backend, chain, RunContext(uuid=UUID)).sm_coverage_ratio == 1.0
+    place = kernels.launch
+
+    def preempted(name: str, launched: int, block: int, args: tuple[Any, ...]) -> None:
+        # Every thread of SMs 0-65 rescheduled onto another SM before it
+        # ended: %smid differs between its start and its end.
+        place(name, launched, block, args)
+        sm_end = args[-1]
+        sm_end[sm_end < 66] += 66
+
+    monkeypatch.setattr(kernels, "launch", preempted)
+    result = run_canary(backend, chain, RunContext(uuid=UUID))
+    assert (result.result, result.sm_coverage_ratio) == ("pass", 0.5)
+
+
 def test_the_uuid_is_nvmls_not_cupys(fake_cupy: Any) -> None:
     from gpuwatchd.canary.cuda import CudaBackend
     from gpuwatchd.canary.suite import RunContext, run_canary
@@ -121,7 +146,7 @@ def test_the_fake_rejects_what_a_gpu_would_get_silently_wrong(fake_cupy: Any) ->
 
     kernel = fake_cupy.RawModule(code=CUDA_SOURCE).get_function("int_chain")
     tables = [fake_cupy.asarray(np.ones(4, np.uint32)) for _ in range(3)]
-    out = [fake_cupy.empty(4, dtype=np.uint32) for _ in range(2)]
+    out = [fake_cupy.empty(4, dtype=np.uint32) for _ in range(3)]
     with pytest.raises(TypeError, match="argument 3"):  # a Python int is 64 bits wide
         kernel((1,), (4,), (*tables, 4, np.int32(4), *out))
     with pytest.raises(TypeError, match="argument 0"):

@@ -21,6 +21,7 @@ def result(
     core: int | None = None,
     time: float = T0,
     tflops: float | None = None,
+    coverage: float | None = None,
     histogram: tuple[int, ...] = (),
 ) -> CanaryResult:
     kind, dtype = canary.rsplit("_", 1)
@@ -36,6 +37,7 @@ def result(
         cpu_core=core,
         time=time,
         tflops=tflops,
+        sm_coverage_ratio=coverage,
         mismatch_count=1 if histogram else 0,
         bit_histogram=histogram,
     )
@@ -53,7 +55,7 @@ STATS = (
     .add(
         [
             result("gemm_exact_fp16", "mismatch", time=T0 + 600, tflops=12.4, histogram=(1, 0, 1)),
-            result("int_chain_u32", "pass", time=T0 + 600),
+            result("int_chain_u32", "pass", time=T0 + 600, coverage=0.75),
         ]
     )
     .add([result("gemm_exact_fp16", "timeout", gpu=1, time=T0 + 600)])
@@ -101,6 +103,10 @@ def test_duration_throughput_and_flipped_bits_of_the_latest_runs() -> None:
     assert 'gpuwatchd_canary_duration_seconds{canary="int_chain_u32",gpu="0"} 0.25' in text
     assert lines(text, "gpuwatchd_canary_tflops") == [
         'gpuwatchd_canary_tflops{canary="gemm_exact_fp16",gpu="0"} 12.4',
+    ]
+    # Chains only: a GEMM's placement is cuBLAS's.
+    assert lines(text, "gpuwatchd_canary_sm_coverage_ratio") == [
+        'gpuwatchd_canary_sm_coverage_ratio{canary="int_chain_u32",gpu="0"} 0.75',
     ]
     assert lines(text, "gpuwatchd_canary_bit_flips_total") == [
         'gpuwatchd_canary_bit_flips_total{canary="gemm_exact_fp16",gpu="0"} 2.0',

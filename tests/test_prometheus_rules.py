@@ -89,6 +89,7 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_canary_last_pass_timestamp_seconds",
         "gpuwatchd_canary_duration_seconds",
         "gpuwatchd_canary_tflops",
+        "gpuwatchd_canary_sm_coverage_ratio",
         "gpuwatchd_canary_bit_flips_total",
         # Webhooks
         "gpuwatchd_webhook_deliveries_total",

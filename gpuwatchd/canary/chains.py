@@ -3,7 +3,13 @@
 Each thread runs a long chain in which every step depends on the one before,
 so a single wrong operation anywhere corrupts the thread's final value; each
 thread also records where it ran (the SM on a GPU, the core on a CPU), so a
-mismatch points at an SM and a warp lane.
+mismatch points at an SM and a warp lane. On a GPU a thread reads `%smid`
+at its start and at its end: the PTX ISA calls the register volatile ("may
+change during execution, e.g. due to rescheduling of threads following
+preemption"), so a thread whose two readings differ has no place (-1). The
+SMs with a placed thread are the chain's coverage, which the burst reports
+against the GPU's SM count: a localisation aid and a coverage figure, never
+evidence by itself.
 
 Integer chain (uint32, wrapping): x = x * mul[t] + add[t]; x ^= x >> 15;
 x *= 0x2C1B3C6D; x ^= x >> 12 — the multiplier, adder and shifter.
@@ -151,9 +157,10 @@ def _fma_kernel(fmt: FmaFormat) -> str:
     return f"""
 extern "C" __global__ void fma_chain_{fmt.name}(
     const {t}* start, const {t}* mul, const {t}* add, int steps, int threads,
-    {t}* out, unsigned int* sm_out) {{
+    {t}* out, unsigned int* sm_start, unsigned int* sm_end) {{
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= threads) return;
+  sm_start[i] = smid();
   const {t} modulus = ({t}){1 << fmt.modulus_bits}.0;
   const {t} inverse = ({t})1.0 / modulus;
   {t} x = start[i];
@@ -163,7 +170,7 @@ extern "C" __global__ void fma_chain_{fmt.name}(
     x = fma{f}(q, -modulus, y);
   }}
   out[i] = x;
-  sm_out[i] = smid();
+  sm_end[i] = smid();
 }}
 """
 
@@ -178,9 +185,10 @@ __device__ __forceinline__ unsigned int smid() {
 
 extern "C" __global__ void int_chain(
     const unsigned int* start, const unsigned int* mul, const unsigned int* add,
-    int steps, int threads, unsigned int* out, unsigned int* sm_out) {
+    int steps, int threads, unsigned int* out, unsigned int* sm_start, unsigned int* sm_end) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= threads) return;
+  sm_start[i] = smid();
   unsigned int x = start[i];
   for (int s = 0; s < steps; ++s) {
     x = x * mul[s] + add[s];
@@ -191,7 +199,7 @@ extern "C" __global__ void int_chain(
 """
     + """  }
   out[i] = x;
-  sm_out[i] = smid();
+  sm_end[i] = smid();
 }
 """
     + "".join(_fma_kernel(fmt) for fmt in FMA_FORMATS.values())

@@ -11,7 +11,8 @@ driver, runtime, cuBLAS and CuPy versions and the handle's math mode; the
 worker's environment (CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE) is
 pinned by the runner. The GPU's UUID is NVML's (the runner's): CuPy 13's
 `uuid` property stops at the first NUL byte of the UUID. The chains are
-RawKernels from chains.CUDA_SOURCE that record each thread's %smid; the HBM
+RawKernels from chains.CUDA_SOURCE that record each thread's %smid at its
+start and end; the HBM
 test is memory.ArrayRegion over CuPy.
 Only reads the GPU's state and runs work on it: it changes no setting.
 """
@@ -177,7 +178,7 @@ class CudaBackend:
         cp = self._cp
         start, multipliers, addends = (cp.asarray(table.astype(dtype)) for table in tables)
         values = cp.empty(threads, dtype=dtype)
-        units = cp.empty(threads, dtype=cp.uint32)
+        first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
         blocks = -(-threads // THREADS_PER_BLOCK)
         self._module.get_function(kernel)(
             (blocks,),
@@ -189,10 +190,13 @@ class CudaBackend:
                 np.int32(multipliers.size),
                 np.int32(threads),
                 values,
-                units,
+                first_sm,
+                last_sm,
             ),
         )
-        return ThreadRun(values=cp.asnumpy(values), units=cp.asnumpy(units).astype(np.int64))
+        first, last = cp.asnumpy(first_sm).astype(np.int64), cp.asnumpy(last_sm).astype(np.int64)
+        # A thread that moved (preempted and rescheduled) has no one place.
+        return ThreadRun(values=cp.asnumpy(values), units=np.where(first == last, last, -1))
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
         tables = (inputs.start, inputs.multipliers, inputs.addends)

@@ -10,6 +10,7 @@ the suite's canaries are there at 0 from the first poll, before any ran.
     gpuwatchd_canary_last_pass_timestamp_seconds{gpu}
     gpuwatchd_canary_duration_seconds{gpu,canary}
     gpuwatchd_canary_tflops{gpu,canary}
+    gpuwatchd_canary_sm_coverage_ratio{gpu,canary}
     gpuwatchd_canary_bit_flips_total{gpu,canary}
     gpuwatchd_canary_cpu_runs_total{core,canary,result}
     gpuwatchd_canary_unchecked_since_timestamp_seconds{gpu,reason}
@@ -85,6 +86,13 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
         "per second, the GEMM alone); a GPU well below its siblings is throttled or degraded.",
         labels=["gpu", "canary"],
     )
+    coverage = GaugeMetricFamily(
+        PREFIX + "sm_coverage_ratio",
+        "Share of the GPU's SMs on which the latest run of a chain canary ran a thread from "
+        "start to end (%smid read at both); below 1 beside a job or after preemption, so "
+        "some SMs went unchecked by that run.",
+        labels=["gpu", "canary"],
+    )
     for gpu, canary in gpu_pairs:
         latest = stats.latest.get((f"gpu:{gpu}", canary))
         if latest is None:
@@ -92,8 +100,11 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
         duration.add_metric([gpu, canary], latest.duration_seconds)
         if latest.tflops is not None:
             tflops.add_metric([gpu, canary], latest.tflops)
+        if latest.sm_coverage_ratio is not None:
+            coverage.add_metric([gpu, canary], latest.sm_coverage_ratio)
     yield duration
     yield tflops
+    yield coverage
 
     cpu_runs = CounterMetricFamily(
         PREFIX + "cpu_runs",

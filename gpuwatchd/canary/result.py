@@ -60,6 +60,9 @@ class CanaryResult:
     mismatch_units: tuple[int, ...] = ()  # SMs (CPU cores) of mismatching threads
     mismatch_lanes: tuple[int, ...] = ()  # warp lanes of mismatching threads
     tflops: float | None = None
+    # Chains on a GPU: the share of its SMs on which a thread ran from
+    # start to end (a burst beside a job, or a preempted one, covers less).
+    sm_coverage_ratio: float | None = None
     digest: str | None = None  # sha256 of the output (full-mantissa GEMM)
     environment: str | None = None  # model, driver and library versions of the digest
     temperature_celsius: float | None = None

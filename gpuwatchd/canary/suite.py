@@ -127,6 +127,8 @@ class Evidence:
     units: tuple[int, ...] = ()
     lanes: tuple[int, ...] = ()
     tflops: float | None = None
+    # Distinct SMs (cores) that ran a whole thread of a chain.
+    units_covered: int | None = None
     digest: str | None = None
     environment: str | None = None
     # Measured on the device (events), where the backend can: what the duty
@@ -312,16 +314,19 @@ def _thread_evidence(
 ) -> Evidence:
     known = _known_answer(context, spec, run.values, reference)
     comparison, expected = known.comparison, known.expected
+    placed = np.asarray(run.units)
+    covered = int(np.unique(placed[placed >= 0]).size)
     if comparison.count == 0 or expected is None:
-        return Evidence(comparison, spec.shape)
+        return Evidence(comparison, spec.shape, units_covered=covered)
     bad = mismatching_indices(run.values, expected)
-    units = np.unique(np.asarray(run.units)[bad])[:MAX_LOCATIONS]
+    units = np.unique(placed[bad])[:MAX_LOCATIONS]
     lanes = np.unique(bad % LANES)[:MAX_LOCATIONS]
     return Evidence(
         comparison,
         spec.shape,
         units=tuple(int(u) for u in units),
         lanes=tuple(int(lane) for lane in lanes),
+        units_covered=covered,
         note=known.note,
     )
 
@@ -366,6 +371,12 @@ def _hex(value: int | None, width: int) -> str | None:
     return None if value is None else f"{value:0{width // 4}x}"
 
 
+def _coverage(evidence: Evidence, sm_count: int | None) -> float | None:
+    if evidence.units_covered is None or not sm_count:
+        return None
+    return min(evidence.units_covered / sm_count, 1.0)
+
+
 def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> CanaryResult:
     """Run one canary and judge it. Device errors propagate: the worker turns
     them into `error` results."""
@@ -393,6 +404,7 @@ def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> Canar
         mismatch_units=evidence.units,
         mismatch_lanes=evidence.lanes,
         tflops=evidence.tflops,
+        sm_coverage_ratio=_coverage(evidence, backend.info.sm_count),
         digest=evidence.digest,
         environment=evidence.environment,
         device_seconds=evidence.device_seconds,

@@ -19,7 +19,7 @@ from gpuwatchd.canary.chains import (
 
 
 def launch(name: str, launched: int, block: int, args: tuple[Any, ...]) -> None:
-    start, mul, add, steps, threads, out, sm_out = args
+    start, mul, add, steps, threads, out, sm_start, sm_end = args
     steps, threads = int(steps), int(threads)
     if launched < threads:
         raise ValueError(f"{name}: {launched} threads launched for {threads}")
@@ -31,4 +31,6 @@ def launch(name: str, launched: int, block: int, args: tuple[Any, ...]) -> None:
         inputs = FmaChainInputs(fmt, *(np.asarray(t).astype(np.int64) for t in tables))
         out[:threads] = fma_chain(inputs)
     sms = runtime.getDeviceProperties(0)["multiProcessorCount"]
-    sm_out[:threads] = (np.arange(threads) // block) % sms
+    placed = (np.arange(threads) // block) % sms
+    sm_start[:threads] = placed
+    sm_end[:threads] = placed
