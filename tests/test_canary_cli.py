@@ -30,7 +30,7 @@ def run(*args: str) -> tuple[int, str]:
 def test_a_healthy_simulated_node_passes(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, gpus=2))
     assert code == 0, output
-    assert output.splitlines()[-1] == "all 32 canaries passed"
+    assert output.splitlines()[-1] == "all 34 canaries passed"
     assert "gpu 1  gemm_exact_fp16" in output
 
 

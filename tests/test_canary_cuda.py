@@ -43,6 +43,7 @@ SMALL_SUITE = (
     *(CanarySpec("gemm_exact", dtype, (64, 64, 64), 2) for dtype in EXACT_GEMM_DTYPES),
     CanarySpec("int_chain", "u32", (1024, 64), 2),
     *(CanarySpec("fma_chain", dtype, (1024, 64), 2) for dtype in FMA_CHAIN_DTYPES),
+    CanarySpec("convert", "fp32", (1024,), 2),
     *(CanarySpec("gemm_random", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),
     *(CanarySpec("gemm_bounded", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),
     *(CanarySpec(kind, "u64", (4096,), 2) for kind in HBM_KINDS),

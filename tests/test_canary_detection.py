@@ -44,7 +44,8 @@ SUITE = default_suite("cpu", seed=3, random_seed=1, hbm_bytes=1 << 20)
 EXACT_GEMMS = frozenset(f"gemm_exact_{dtype}" for dtype in EXACT_GEMM_DTYPES)
 RANDOM_GEMMS = frozenset(f"gemm_random_{dtype}" for dtype in RANDOM_GEMM_DTYPES)
 CHAINS = frozenset({"int_chain_u32", "fma_chain_fp32", "fma_chain_fp64"})
-COMPUTE = EXACT_GEMMS | RANDOM_GEMMS | CHAINS
+CONVERSIONS = frozenset({"convert_fp32"})
+COMPUTE = EXACT_GEMMS | RANDOM_GEMMS | CHAINS | CONVERSIONS
 WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS = (
     "hbm_walking_ones_u64",
     "hbm_own_address_u64",
@@ -57,7 +58,8 @@ MEANT_TO_CATCH: Mapping[str, frozenset[str]] = {
     "consistent": COMPUTE,
     "intermittent": COMPUTE,  # on a hot GPU, where the fault fires on every call
     "lsb": COMPUTE,
-    "data": EXACT_GEMMS | RANDOM_GEMMS | {"int_chain_u32"},
+    # Negative integers have the trigger's top bits.
+    "data": EXACT_GEMMS | RANDOM_GEMMS | {"int_chain_u32"} | CONVERSIONS,
     "stuck_bit": frozenset({WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS}),
     "address_alias": frozenset({OWN_ADDRESS}),
 }

@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 from numpy.typing import NDArray
 
 from gpuwatchd.canary.chains import FmaChainInputs, IntChainInputs
+from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion
 from gpuwatchd.canary.spec import BackendKind
@@ -50,8 +52,17 @@ class BurnRun:
 
 @dataclass(frozen=True, eq=False)
 class ThreadRun:
-    values: NDArray[Any]  # (threads,)
+    values: NDArray[Any]  # (threads,) or (threads, words a thread)
     units: NDArray[Any]  # (threads,) the SM (GPU) or core (CPU) that ran it; -1 unknown
+
+    @property
+    def words_per_thread(self) -> int:
+        return self.values.size // max(self.units.size, 1)
+
+    @property
+    def element_units(self) -> NDArray[Any]:
+        """The unit of every output word, flat."""
+        return np.repeat(np.asarray(self.units), self.words_per_thread)
 
 
 class Backend(Protocol):
@@ -73,6 +84,10 @@ class Backend(Protocol):
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun: ...
 
     def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun: ...
+
+    def convert(self, inputs: ConvertInputs) -> ThreadRun:
+        """The conversions of convert.py, a thread per input pair."""
+        ...
 
     def memory(self, words: int) -> MemoryRegion: ...
 

@@ -26,6 +26,7 @@ from gpuwatchd.canary.chains import (
     int_chain,
 )
 from gpuwatchd.canary.compare import as_bits
+from gpuwatchd.canary.convert import ConvertInputs, convert
 from gpuwatchd.canary.formats import NumberFormat, quantize
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
 
@@ -98,6 +99,9 @@ class CpuBackend:
 
     def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun:
         return ThreadRun(values=fma_chain(inputs), units=self._units(inputs.start.size))
+
+    def convert(self, inputs: ConvertInputs) -> ThreadRun:
+        return ThreadRun(values=convert(inputs), units=self._units(inputs.single.size))
 
     def memory(self, words: int) -> MemoryRegion:
         return ArrayRegion(np, words, np.asarray)

@@ -12,7 +12,7 @@ worker's environment (CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE) is
 pinned by the runner. The GPU's UUID is NVML's (the runner's): CuPy 13's
 `uuid` property stops at the first NUL byte of the UUID. The chains are
 RawKernels from chains.CUDA_SOURCE that record each thread's %smid at its
-start and end; the HBM
+start and end, and so does the conversion kernel of convert.py; the HBM
 test is memory.ArrayRegion over CuPy.
 Only reads the GPU's state and runs work on it: it changes no setting.
 """
@@ -33,6 +33,8 @@ from gpuwatchd.canary.chains import (
     FmaChainInputs,
     IntChainInputs,
 )
+from gpuwatchd.canary.convert import CUDA_SOURCE as CONVERT_SOURCE
+from gpuwatchd.canary.convert import WORDS_PER_THREAD, ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat, bf16_bits
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
 
@@ -105,7 +107,7 @@ class CudaBackend:
         self._info = DeviceInfo(
             backend="cuda", name=name, uuid=None, environment=environment, sm_count=sm_count
         )
-        self._module = cupy.RawModule(code=CUDA_SOURCE)
+        self._module = cupy.RawModule(code=CUDA_SOURCE + CONVERT_SOURCE)
 
     @property
     def info(self) -> DeviceInfo:
@@ -179,10 +181,9 @@ class CudaBackend:
         start, multipliers, addends = (cp.asarray(table.astype(dtype)) for table in tables)
         values = cp.empty(threads, dtype=dtype)
         first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
-        blocks = -(-threads // THREADS_PER_BLOCK)
-        self._module.get_function(kernel)(
-            (blocks,),
-            (THREADS_PER_BLOCK,),
+        self._launch(
+            kernel,
+            threads,
             (
                 start,
                 multipliers,
@@ -194,9 +195,28 @@ class CudaBackend:
                 last_sm,
             ),
         )
-        first, last = cp.asnumpy(first_sm).astype(np.int64), cp.asnumpy(last_sm).astype(np.int64)
-        # A thread that moved (preempted and rescheduled) has no one place.
-        return ThreadRun(values=cp.asnumpy(values), units=np.where(first == last, last, -1))
+        return ThreadRun(values=cp.asnumpy(values), units=self._placed(first_sm, last_sm))
+
+    def _placed(self, first_sm: Any, last_sm: Any) -> NDArray[np.int64]:
+        """Each thread's SM; -1 for one that moved (preempted and rescheduled)."""
+        first, last = (self._cp.asnumpy(sm).astype(np.int64) for sm in (first_sm, last_sm))
+        return np.where(first == last, last, -1)
+
+    def _launch(self, kernel: str, threads: int, args: tuple[Any, ...]) -> None:
+        blocks = -(-threads // THREADS_PER_BLOCK)
+        self._module.get_function(kernel)((blocks,), (THREADS_PER_BLOCK,), args)
+
+    def convert(self, inputs: ConvertInputs) -> ThreadRun:
+        cp = self._cp
+        threads = inputs.single.size
+        words = cp.empty(threads * WORDS_PER_THREAD, dtype=cp.uint32)
+        first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
+        single, double = cp.asarray(inputs.single), cp.asarray(inputs.double)
+        self._launch(
+            "convert", threads, (single, double, np.int32(threads), words, first_sm, last_sm)
+        )
+        values = cp.asnumpy(words).reshape(threads, WORDS_PER_THREAD)
+        return ThreadRun(values=values, units=self._placed(first_sm, last_sm))
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
         tables = (inputs.start, inputs.multipliers, inputs.addends)

@@ -29,6 +29,7 @@ from gpuwatchd.canary.backend import (
 )
 from gpuwatchd.canary.chains import LANES, THREADS_PER_BLOCK, FmaChainInputs, IntChainInputs
 from gpuwatchd.canary.compare import Comparison, as_bits
+from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion, Pattern
@@ -119,6 +120,11 @@ class FaultyBackend:
         self._process_fault()
         run = self._inner.fma_chain(inputs)
         return ThreadRun(values=self._corrupt(run.values, run.units), units=run.units)
+
+    def convert(self, inputs: ConvertInputs) -> ThreadRun:
+        self._process_fault()
+        run = self._inner.convert(inputs)
+        return ThreadRun(values=self._corrupt(run.values, run.element_units), units=run.units)
 
     def memory(self, words: int) -> MemoryRegion:
         self._process_fault()

@@ -17,6 +17,7 @@ Kind = Literal[
     "gemm_burn",
     "int_chain",
     "fma_chain",
+    "convert",
     "hbm_walking_ones",
     "hbm_own_address",
     "hbm_moving_inversions",
@@ -38,7 +39,8 @@ BackendKind = Literal["cuda", "cpu"]
 @dataclass(frozen=True)
 class CanarySpec:
     """One canary: `shape` is (m, k, n) for a GEMM, (m, k, n, repeats) for a
-    burn, (threads, steps) for a chain and (words,) for an HBM pattern test."""
+    burn, (threads, steps) for a chain, (threads,) for the conversions and
+    (words,) for an HBM pattern test."""
 
     kind: Kind
     dtype: str
@@ -100,6 +102,7 @@ def default_suite(
         *(CanarySpec("gemm_exact", dtype, size.gemm_exact, seed) for dtype in EXACT_GEMM_DTYPES),
         CanarySpec("int_chain", "u32", chain, seed),
         *(CanarySpec("fma_chain", dtype, chain, seed) for dtype in FMA_CHAIN_DTYPES),
+        CanarySpec("convert", "fp32", (size.chain_threads,), seed),
         *(
             CanarySpec("gemm_random", dtype, size.gemm_random, random_seed)
             for dtype in RANDOM_GEMM_DTYPES

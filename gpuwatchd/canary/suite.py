@@ -40,6 +40,7 @@ from gpuwatchd.canary.chains import (
     int_chain_reference,
 )
 from gpuwatchd.canary.compare import Comparison, compare_values, mismatching_indices
+from gpuwatchd.canary.convert import convert_inputs, convert_reference
 from gpuwatchd.canary.formats import FORMATS, NumberFormat
 from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count, random_gemm
 from gpuwatchd.canary.memory import PATTERN_TESTS, WORD_BYTES
@@ -318,9 +319,9 @@ def _thread_evidence(
     covered = int(np.unique(placed[placed >= 0]).size)
     if comparison.count == 0 or expected is None:
         return Evidence(comparison, spec.shape, units_covered=covered)
-    bad = mismatching_indices(run.values, expected)
-    units = np.unique(placed[bad])[:MAX_LOCATIONS]
-    lanes = np.unique(bad % LANES)[:MAX_LOCATIONS]
+    threads = mismatching_indices(run.values, expected) // run.words_per_thread
+    units = np.unique(placed[threads])[:MAX_LOCATIONS]
+    lanes = np.unique(threads % LANES)[:MAX_LOCATIONS]
     return Evidence(
         comparison,
         spec.shape,
@@ -345,6 +346,12 @@ def _fma_chain(backend: Backend, spec: CanarySpec, context: RunContext) -> Evide
     return _thread_evidence(spec, context, run, lambda: fma_chain_reference(inputs))
 
 
+def _convert(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    inputs = convert_inputs(spec.shape[0], spec.seed)
+    run = backend.convert(inputs)
+    return _thread_evidence(spec, context, run, lambda: convert_reference(inputs))
+
+
 def _hbm(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     words = spec.shape[0]
     free = backend.free_memory_bytes()
@@ -362,6 +369,7 @@ _RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = 
         "gemm_burn": _gemm_burn,
         "int_chain": _int_chain,
         "fma_chain": _fma_chain,
+        "convert": _convert,
         **{kind: _hbm for kind in PATTERN_TESTS},
     }
 )
