@@ -175,14 +175,18 @@ extern "C" __global__ void fma_chain_{fmt.name}(
 """
 
 
-CUDA_SOURCE = (
-    """
+# The SM a thread runs on now (PTX special register %smid).
+SMID_SOURCE = """
 __device__ __forceinline__ unsigned int smid() {
   unsigned int id;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
   return id;
 }
+"""
 
+CUDA_SOURCE = (
+    SMID_SOURCE
+    + """
 extern "C" __global__ void int_chain(
     const unsigned int* start, const unsigned int* mul, const unsigned int* add,
     int steps, int threads, unsigned int* out, unsigned int* sm_start, unsigned int* sm_end) {

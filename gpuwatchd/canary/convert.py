@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuwatchd.canary.chains import SMID_SOURCE
 from gpuwatchd.canary.formats import bf16_bits
 
 WORDS_PER_THREAD = 4
@@ -102,7 +103,11 @@ def convert_reference(inputs: ConvertInputs) -> NDArray[np.uint32]:
     return np.array(rows, dtype=np.uint32).reshape(-1, WORDS_PER_THREAD)
 
 
-CUDA_SOURCE = """
+# A module of its own: were its inline PTX refused on some GPU, the chains
+# would still compile and run.
+CUDA_SOURCE = (
+    SMID_SOURCE
+    + """
 extern "C" __global__ void convert(
     const float* single, const double* wide, int threads,
     unsigned int* out, unsigned int* sm_start, unsigned int* sm_end) {
@@ -133,3 +138,4 @@ extern "C" __global__ void convert(
   sm_end[i] = smid();
 }
 """
+)

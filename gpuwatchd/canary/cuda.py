@@ -107,7 +107,8 @@ class CudaBackend:
         self._info = DeviceInfo(
             backend="cuda", name=name, uuid=None, environment=environment, sm_count=sm_count
         )
-        self._module = cupy.RawModule(code=CUDA_SOURCE + CONVERT_SOURCE)
+        self._module = cupy.RawModule(code=CUDA_SOURCE)
+        self._convert_module = cupy.RawModule(code=CONVERT_SOURCE)
 
     @property
     def info(self) -> DeviceInfo:
@@ -182,7 +183,7 @@ class CudaBackend:
         values = cp.empty(threads, dtype=dtype)
         first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
         self._launch(
-            kernel,
+            self._module.get_function(kernel),
             threads,
             (
                 start,
@@ -202,9 +203,9 @@ class CudaBackend:
         first, last = (self._cp.asnumpy(sm).astype(np.int64) for sm in (first_sm, last_sm))
         return np.where(first == last, last, -1)
 
-    def _launch(self, kernel: str, threads: int, args: tuple[Any, ...]) -> None:
+    def _launch(self, kernel: Any, threads: int, args: tuple[Any, ...]) -> None:
         blocks = -(-threads // THREADS_PER_BLOCK)
-        self._module.get_function(kernel)((blocks,), (THREADS_PER_BLOCK,), args)
+        kernel((blocks,), (THREADS_PER_BLOCK,), args)
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         cp = self._cp
@@ -212,9 +213,8 @@ class CudaBackend:
         words = cp.empty(threads * WORDS_PER_THREAD, dtype=cp.uint32)
         first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
         single, double = cp.asarray(inputs.single), cp.asarray(inputs.double)
-        self._launch(
-            "convert", threads, (single, double, np.int32(threads), words, first_sm, last_sm)
-        )
+        kernel = self._convert_module.get_function("convert")
+        self._launch(kernel, threads, (single, double, np.int32(threads), words, first_sm, last_sm))
         values = cp.asnumpy(words).reshape(threads, WORDS_PER_THREAD)
         return ThreadRun(values=values, units=self._placed(first_sm, last_sm))
 
