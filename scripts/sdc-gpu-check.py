@@ -364,8 +364,9 @@ k = cp.RawKernel(r'''extern "C" __global__ void where(unsigned* sm, unsigned* ns
   if (threadIdx.x == 0) { sm[blockIdx.x] = s; nsm[blockIdx.x] = n; } }''', "where")
 sms = be.info.sm_count; sm = cp.zeros(4 * sms, cp.uint32); nsm = cp.zeros(4 * sms, cp.uint32)
 k((4 * sms,), (128,), (sm, nsm)); sm, nsm = cp.asnumpy(sm), cp.asnumpy(nsm)
-u = np.unique(run.units)
+u = np.unique(run.units[run.units >= 0])
 print(json.dumps({"sm_count": sms, "chain_distinct_smid": int(u.size), "chain_max_smid": int(u.max()),
+                  "chain_threads_moved": int((run.units < 0).sum()),
                   "probe_distinct_smid": int(np.unique(sm).size), "probe_max_smid": int(sm.max()),
                   "nsmid": int(nsm.max())}))
 """
