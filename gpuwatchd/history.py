@@ -34,6 +34,8 @@ Number = int | float
 # Below this, every partial sum of whole counter increments is exact in a
 # float, so a difference of running totals equals the step-by-step sum.
 _EXACT = 2**53
+# What a Track derives drops the samples that left it this many at a time.
+_DROP_BATCH = 64
 
 
 class Column(Generic[T]):
@@ -60,6 +62,7 @@ class Column(Generic[T]):
         # The last present value before the first position kept.
         self._before: Number | None = None
         self.stamps: list[int] = []
+        self.skip = 0
 
     def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
         value = self._value(samples[position])
@@ -110,11 +113,11 @@ class Column(Generic[T]):
 
     def present(self, first: int, last: int) -> int:
         """How many of positions first..last hold a value."""
-        return self._count(self._present, first, last)
+        return self._count(self._present, first + self.skip, last + self.skip)
 
     def saturated(self, first: int, last: int) -> bool:
         """Whether any of positions first..last stands at the saturation maximum."""
-        return self._count(self._saturated, first, last) > 0
+        return self._count(self._saturated, first + self.skip, last + self.skip) > 0
 
     @staticmethod
     def _count(totals: list[int], first: int, last: int) -> int:
@@ -126,7 +129,9 @@ class Column(Generic[T]):
         """`counters.increase` over positions first..last, both included."""
         if last < first:
             return Increase(increase=0.0, seconds=0.0)
-        if self.present(first, last) != last - first + 1:
+        skip = self.skip
+        first, last = first + skip, last + skip
+        if self._count(self._present, first, last) != last - first + 1:
             # Absent values: the increase runs between the present ones.
             present = [p for p in range(first, last + 1) if self.values[p] is not None]
             if not present:
@@ -139,9 +144,9 @@ class Column(Generic[T]):
             total = float(grown)
         return Increase(
             increase=total,
-            seconds=times[last] - times[first],
+            seconds=times[last - skip] - times[first - skip],
             resets=self._resets[last] - self._resets[first],
-            saturated=self.saturated(first, last),
+            saturated=self._count(self._saturated, first, last) > 0,
         )
 
 
@@ -157,6 +162,7 @@ class Area(Generic[T]):
         # The interval ending at each position (nothing at the first kept).
         self._areas: list[float] = []
         self.stamps: list[int] = []
+        self.skip = 0
 
     def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
         value = self._value(samples[position])
@@ -181,7 +187,7 @@ class Area(Generic[T]):
     def integral(self, first: int, last: int) -> float:
         """`counters.gauge_integral` over positions first..last: the same
         additions in the same order."""
-        return reduce(add, self._areas[first + 1 : last + 1], 0.0)
+        return reduce(add, self._areas[first + self.skip + 1 : last + self.skip + 1], 0.0)
 
 
 class Track(Generic[T]):
@@ -301,16 +307,21 @@ class Track(Generic[T]):
         the new ones in."""
         stamps = self._stamps
         gone = bisect_left(kept.stamps, stamps[0]) if stamps else len(kept.stamps)
-        if gone:
+        if gone >= _DROP_BATCH or gone == len(kept.stamps):
             kept.drop_first(gone)
-        if kept.stamps and kept.stamps[-1] != stamps[len(kept.stamps) - 1]:
+            gone = 0
+        kept.skip = gone
+        if len(kept.stamps) > gone and kept.stamps[-1] != stamps[len(kept.stamps) - gone - 1]:
             kept.drop_last()
-        for position in range(len(kept.stamps), len(stamps)):
+        for position in range(len(kept.stamps) - gone, len(stamps)):
             kept.take(self.samples, position, stamps[position])
 
 
 class _Derived(Protocol[T_contra]):
+    # A stamp per sample taken in, oldest first; the first `skip` of them
+    # have left the track (dropped in batches, not one by one each poll).
     stamps: list[int]
+    skip: int
 
     def take(self, samples: Sequence[T_contra], position: int, stamp: int) -> None: ...
 
@@ -326,6 +337,7 @@ class _Changes(Generic[T]):
         self._value = value
         self.stamps: list[int] = []
         self.changed: list[int] = []
+        self.skip = 0
 
     def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
         if position and self._value(samples[position]) != self._value(samples[position - 1]):

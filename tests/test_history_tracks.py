@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwatchd.checks.common import tail_from
-from gpuwatchd.counters import increase, window
+from gpuwatchd.counters import gauge_integral, increase, window
 from gpuwatchd.history import Track, series
 
 
@@ -42,6 +42,7 @@ def _feed(track: Track[_Sample], plan: list[tuple[int | float | None, bool, bool
         track.expire(time - 150)
         if read:
             track.column("value", _value, BITS)
+            track.area("value", _value)
             track.last_change("value", _value)
 
 
@@ -58,8 +59,30 @@ def test_column_increase_matches_the_counter_maths_over_any_window(
     between = column.increase(track.at_or_before(start), track.upto(end), track.times)
     assert between == increase([(t, v) for t, v in tail_from(points, start) if t <= end], bits=BITS)
     latest = track.times[-1]
-    recent = column.increase(track.before(latest - seconds), len(track) - 1, track.times)
+    first = track.before(latest - seconds)
+    recent = column.increase(first, len(track) - 1, track.times)
     assert recent == increase(window(points, latest, seconds), bits=BITS)
+    area = track.area("value", _value).integral(first, len(track) - 1)
+    assert area == gauge_integral(window(points, latest, seconds))
+
+
+def test_a_long_running_track_gives_what_its_samples_give_after_many_expire() -> None:
+    # Long enough that what the track derived drops expired samples in batches.
+    track: Track[_Sample] = Track(max_samples=4096)
+    for step in range(1000):
+        time = step * 10.0
+        value = None if step % 37 == 0 else (step * 7) % 250 + (step % 3) * 0.5
+        track.append(time, _Sample(value))
+        track.expire(time - 3600)
+        column = track.column("value", _value, BITS)
+        points = series(track.items(), _value)
+        first = track.before(time - 600)
+        assert column.increase(first, len(track) - 1, track.times) == increase(
+            window(points, time, 600), bits=BITS
+        )
+        assert track.area("value", _value).integral(first, len(track) - 1) == gauge_integral(
+            window(points, time, 600)
+        )
 
 
 @settings(derandomize=True, max_examples=300)

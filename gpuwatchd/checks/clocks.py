@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_labels, gpu_subject, windows
@@ -82,7 +83,7 @@ class ClocksConfig:
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1")
 
-    @property
+    @cached_property
     def explaining_mask(self) -> int:
         mask = 0
         for reason in self.explaining_reasons:

@@ -138,7 +138,7 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
             (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.up
         ]
         down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
-        was_up = _seen_up(track.items()[:-1], down) if down else set()
+        was_up = _seen_up(track.samples[:-1], down) if down else set()
         for link in latest.nvlinks:
             findings.extend(_down(link, was_up))
             # A link whose counters have not moved since before the oldest
@@ -171,11 +171,11 @@ def _link_errors(number: int, sample: GpuSample) -> Mapping[str, int] | None:
     return None if link is None else link.errors
 
 
-def _seen_up(samples: Sequence[tuple[float, GpuSample]], numbers: set[int]) -> set[int]:
+def _seen_up(samples: Sequence[GpuSample], numbers: set[int]) -> set[int]:
     """Which of the links `numbers` were up in any of `samples` (newest first,
     stopping once all are found: only a link never up costs the whole history)."""
     pending, seen = set(numbers), set()
-    for _, sample in reversed(samples):
+    for sample in reversed(samples):
         if not pending:
             break
         for link in sample.nvlinks:
