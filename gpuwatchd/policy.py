@@ -399,6 +399,8 @@ def _group(findings: Iterable[Finding]) -> dict[str, dict[FindingKey, Finding]]:
 
 
 def _worst(found: Mapping[FindingKey, Finding]) -> Severity:
+    if not found:
+        return Severity.OK
     return max((f.severity for f in found.values()), default=Severity.OK)
 
 
@@ -411,6 +413,11 @@ def _track(
 ) -> SubjectState:
     """The streaks and findings of this poll; health is settled later."""
     before = prev or SubjectState(subject=name, since=now)
+    if not found and not (
+        before.bad_since or before.critical_since or before.findings or before.acknowledged
+    ):
+        # Quiet, and quiet last poll: the state is the same (most subjects, most polls).
+        return before
     # An acknowledgement lasts as long as its finding.
     acknowledged = tuple(key for key in before.acknowledged if key in found)
     bad = _worst(found) > Severity.OK
@@ -553,6 +560,8 @@ def _with_health(
     prev: SubjectState | None, state: SubjectState, health: Health, now: float
 ) -> SubjectState:
     since = prev.since if prev is not None and prev.health is health else now
+    if state.health is health and state.since == since:
+        return state
     return replace(state, health=health, since=since)
 
 

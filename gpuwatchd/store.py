@@ -867,17 +867,24 @@ class Store:
 
     @staticmethod
     def _record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
-        for reading in readings:
-            for gpu in reading.gpus or ():
-                db.execute(
-                    "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
-                    (gpu.subject, reading.time, json.dumps(_encode_gpu(gpu))),
-                )
-            for port in reading.ports or ():
-                db.execute(
-                    "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
-                    (port.subject, reading.time, json.dumps(_encode_port(port))),
-                )
+        readings = tuple(readings)
+        # One statement for all rows of a kind: sqlite prepares it once.
+        db.executemany(
+            "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
+            [
+                (gpu.subject, reading.time, json.dumps(_encode_gpu(gpu)))
+                for reading in readings
+                for gpu in reading.gpus or ()
+            ],
+        )
+        db.executemany(
+            "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
+            [
+                (port.subject, reading.time, json.dumps(_encode_port(port)))
+                for reading in readings
+                for port in reading.ports or ()
+            ],
+        )
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import (
-    gpu_labels,
-    gpu_subject,
-    samples_between,
-    tail_from,
-    windows,
-)
+from gpuwatchd.checks.common import gpu_labels, gpu_subject, windows
 from gpuwatchd.history import History
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
@@ -88,7 +83,7 @@ class ClocksConfig:
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1")
 
-    @property
+    @cached_property
     def explaining_mask(self) -> int:
         mask = 0
         for reason in self.explaining_reasons:
@@ -165,10 +160,9 @@ def _window_clocks(
 ) -> dict[int, _Clock]:
     means: dict[int, tuple[float, GpuSample]] = {}
     for index in history.gpu_indices():
-        recent = tail_from(history.gpu(index), start)
         busy = [
             sample
-            for _, sample in samples_between(recent, start, end)
+            for sample in history.gpu_track(index).between(start, end)
             if _unexplained_busy(sample, config)
         ]
         clocks = [sample.sm_clock_hertz for sample in busy if sample.sm_clock_hertz is not None]

@@ -41,13 +41,6 @@ def windows(now: float, seconds: float, count: int) -> list[tuple[float, float]]
     return [(now - (k + 1) * seconds, now - k * seconds) for k in range(count)]
 
 
-def samples_between(
-    samples: Sequence[tuple[float, T]], start: float, end: float
-) -> list[tuple[float, T]]:
-    """The samples taken in (start, end]."""
-    return [(time, sample) for time, sample in samples if start < time <= end]
-
-
 def tail_from(samples: Sequence[tuple[float, T]], start: float) -> Sequence[tuple[float, T]]:
     """The samples from the last one at or before `start` on (all, when none
     is that old): what every window from `start` on needs, and no more."""

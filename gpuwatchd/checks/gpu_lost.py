@@ -157,7 +157,8 @@ def _missing(
     history: History, config: GpuLostConfig, known: Sequence[KnownGpu]
 ) -> Iterator[Finding]:
     expected = len(known) if config.expected_gpus is None else config.expected_gpus
-    latest = [history.gpu(i)[-1] for i in history.gpu_indices() if history.gpu(i)]
+    tracks = [history.gpu_track(index) for index in history.gpu_indices()]
+    latest = [(track.times[-1], track.samples[-1]) for track in tracks if len(track)]
     # The GPUs of the last poll only: older samples (another run's, restored
     # from the state database) may hold a GPU that is gone now.
     last_poll = max((time for time, _ in latest), default=None)

@@ -36,19 +36,16 @@ import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from itertools import pairwise
+from functools import partial
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.counters import (
     Increase,
-    gauge_integral,
-    increase,
     is_saturated,
     since_cleared,
     until_saturated,
-    window,
 )
-from gpuwatchd.history import History, series
+from gpuwatchd.history import Column, History, Track, series
 from gpuwatchd.model import Action, Finding, Measurement, PortSample, Reading, Severity
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
@@ -76,6 +73,7 @@ _WILDCARDS = frozenset("*?[")
 
 Port = tuple[str, int]
 Samples = Sequence[tuple[float, PortSample]]
+Ports = Track[PortSample]
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,15 @@ def _named_ports(patterns: Sequence[str]) -> set[Port]:
 
 
 def _counter(samples: Samples, name: str) -> list[tuple[float, int | None]]:
-    return series(samples, lambda sample: sample.counters.get(name))
+    return series(samples, partial(_count, name))
+
+
+def _count(name: str, sample: PortSample) -> int | None:
+    return sample.counters.get(name)
+
+
+def _column(track: Ports, name: str) -> Column[PortSample]:
+    return track.column((NAME, name), partial(_count, name), COUNTER_BITS.get(name))
 
 
 def _capacity(sample: PortSample) -> float | None:
@@ -211,33 +217,41 @@ def _capacity(sample: PortSample) -> float | None:
     return sample.rate_bytes_per_second
 
 
-def _judged(recent: Samples, names: Sequence[str]) -> Samples:
-    """The stretch of samples over which all of `names` counted: after the last
-    time any was cleared from its maximum, up to where any saturated again.
-    Time in which a counter had stopped counting would dilute its rate; over
-    this stretch a rate is a lower bound of the true one instead."""
+def _judged(track: Ports, first: int, names: Sequence[str]) -> tuple[int, int]:
+    """The positions (first, last) of the stretch of samples from `first` on
+    over which all of `names` counted: after the last time any was cleared
+    from its maximum, up to where any saturated again. Time in which a counter
+    had stopped counting would dilute its rate; over this stretch a rate is a
+    lower bound of the true one instead."""
+    last = len(track) - 1
+    if not any(_column(track, name).saturated(first, last) for name in names):
+        return first, last
+    start, end = _stretch(track.tail(first), names)
+    return first + start, first + start + end - 1
+
+
+def _stretch(recent: Samples, names: Sequence[str]) -> tuple[int, int]:
+    """Where the stretch `_judged` means starts in `recent`, and how long it is."""
     start = max(
         len(recent) - len(since_cleared(_counter(recent, name), COUNTER_BITS.get(name)))
         for name in names
     )
     tail = recent[start:]
     end = min(len(until_saturated(_counter(tail, name), COUNTER_BITS.get(name))) for name in names)
-    return tail[:end]
+    return start, end
 
 
-def _increase(samples: Samples, name: str) -> Increase:
-    return increase(_counter(samples, name), bits=COUNTER_BITS.get(name))
+def _increase(track: Ports, stretch: tuple[int, int], name: str) -> Increase:
+    return _column(track, name).increase(*stretch, track.times)
 
 
-def _capacity_bits(samples: Samples) -> float:
-    """The bits the link could carry at its line rate over the samples' span."""
-    return gauge_integral(series(samples, _capacity)) * BITS_PER_BYTE
+def _capacity_bits(track: Ports, stretch: tuple[int, int]) -> float:
+    """The bits the link could carry at its line rate over the stretch."""
+    return track.area((NAME, "capacity"), _capacity).integral(*stretch) * BITS_PER_BYTE
 
 
-def _link_state(
-    port: Port, samples: Samples, config: InfinibandCheckConfig, out: _Verdicts
-) -> None:
-    latest = samples[-1][1]
+def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _Verdicts) -> None:
+    latest = track.samples[-1]
     state_bad = latest.state_id is not None and latest.state_id != ACTIVE
     physical_bad = latest.physical_state_id is not None and latest.physical_state_id != LINK_UP
     evidence: dict[str, float | int | str] = {
@@ -265,7 +279,11 @@ def _link_state(
     rate = latest.rate_bytes_per_second
     if rate is None or latest.state_id != ACTIVE:
         return
-    seen = [s.rate_bytes_per_second for _, s in samples if s.state_id == ACTIVE]
+    if track.last_change((NAME, "active rate"), _active_rate):
+        seen = [s.rate_bytes_per_second for s in track.samples if s.state_id == ACTIVE]
+    else:
+        # The same state and rate throughout: the latest one's.
+        seen = [rate]
     expected = max([config.min_rate_gbps * BYTES_PER_GIGABIT, *(r for r in seen if r)])
     if rate < expected:
         out.find(
@@ -283,28 +301,41 @@ def _link_state(
         )
 
 
+def _active_rate(sample: PortSample) -> tuple[bool, float | None]:
+    return sample.state_id == ACTIVE, sample.rate_bytes_per_second
+
+
+def _active(sample: PortSample) -> int | None:
+    return 1 if sample.state_id == ACTIVE else None
+
+
+def _up(sample: PortSample) -> int | None:
+    up = _is_up(sample)
+    return None if up is None else int(up)
+
+
 def _is_up(sample: PortSample) -> bool | None:
     if sample.state_id is None or sample.physical_state_id is None:
         return None
     return sample.state_id == ACTIVE and sample.physical_state_id == LINK_UP
 
 
-def _drops(samples: Samples) -> int:
-    """How often the port was seen to leave ACTIVE/LinkUp: what still tells a
-    link went down when link_downed is pinned (a poll misses a drop shorter
-    than its interval, which link_error_recovery may still count)."""
-    states = [up for up in (_is_up(sample) for _, sample in samples) if up is not None]
-    return sum(1 for before, after in pairwise(states) if before and not after)
+def _drops(track: Ports, first: int) -> int:
+    """How often the port was seen to leave ACTIVE/LinkUp from position
+    `first` on: what still tells a link went down when link_downed is pinned
+    (a poll misses a drop shorter than its interval, which link_error_recovery
+    may still count). Up is 1 and down 0, so a drop is what a counter's
+    increase calls a reset."""
+    up = track.column((NAME, "up"), _up)
+    return up.increase(first, len(track) - 1, track.times).resets
 
 
 def _flaps(
-    port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
-    recent = window(samples, now, config.flap_window)
-    downed, recovered = (
-        increase(_counter(recent, name), bits=COUNTER_BITS[name]) for name in FLAP_COUNTERS
-    )
-    drops = _drops(recent)
+    recent = (track.before(now - config.flap_window), len(track) - 1)
+    downed, recovered = (_increase(track, recent, name) for name in FLAP_COUNTERS)
+    drops = _drops(track, recent[0])
     # Each drop seen also counts on link_downed where that counter still moves:
     # the larger of the two, never their sum.
     downs = max(int(downed.increase), drops)
@@ -344,10 +375,10 @@ class _Ratio:
     critical: float
 
 
-def _symbol_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | None:
-    judged = _judged(recent, SYMBOL_COUNTERS)
-    errors = _increase(judged, "symbol_error")
-    bits = _capacity_bits(judged)
+def _symbol_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _Ratio | None:
+    judged = _judged(track, first, SYMBOL_COUNTERS)
+    errors = _increase(track, judged, "symbol_error")
+    bits = _capacity_bits(track, judged)
     if errors.seconds <= 0 or bits <= 0:
         return None
     return _Ratio(
@@ -361,10 +392,10 @@ def _symbol_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | No
     )
 
 
-def _receive_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | None:
-    judged = _judged(recent, (*RECEIVE_ERROR_COUNTERS, RECEIVED_PACKETS))
-    parts = [_increase(judged, name) for name in RECEIVE_ERROR_COUNTERS]
-    packets = _increase(judged, RECEIVED_PACKETS)
+def _receive_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _Ratio | None:
+    judged = _judged(track, first, (*RECEIVE_ERROR_COUNTERS, RECEIVED_PACKETS))
+    parts = [_increase(track, judged, name) for name in RECEIVE_ERROR_COUNTERS]
+    packets = _increase(track, judged, RECEIVED_PACKETS)
     if packets.seconds <= 0 or packets.increase < 1 / config.receive_packet_error_ratio_warn:
         return None
     errors = Increase(
@@ -385,13 +416,13 @@ def _receive_ratio(recent: Samples, config: InfinibandCheckConfig) -> _Ratio | N
 
 
 def _bit_errors(
-    port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
-    recent = window(samples, now, config.ber_window)
+    first = track.before(now - config.ber_window)
     # Too little data makes an error or two read as a high rate.
-    if recent[-1][0] - recent[0][0] < config.ber_min_span:
+    if track.times[-1] - track.times[first] < config.ber_min_span:
         return
-    for ratio in (_symbol_ratio(recent, config), _receive_ratio(recent, config)):
+    for ratio in (_symbol_ratio(track, first, config), _receive_ratio(track, first, config)):
         if ratio is None:
             continue
         out.measure(ratio.measurement, port, ratio.ratio)
@@ -417,12 +448,12 @@ def _bit_errors(
 
 
 def _congestion(
-    port: Port, samples: Samples, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
 ) -> None:
-    recent = window(samples, now, config.congestion_window)
-    judged = _judged(recent, ("port_xmit_wait",))
-    wait = _increase(judged, "port_xmit_wait")
-    capacity_bytes = _capacity_bits(judged) / BITS_PER_BYTE
+    first = track.before(now - config.congestion_window)
+    judged = _judged(track, first, ("port_xmit_wait",))
+    wait = _increase(track, judged, "port_xmit_wait")
+    capacity_bytes = _capacity_bits(track, judged) / BITS_PER_BYTE
     if capacity_bytes > 0 and wait.seconds > 0:
         # Clamped: a ratio above 1 means the tick assumption is wrong for this HCA.
         lost_bytes = wait.increase * config.xmit_wait_bytes_per_tick
@@ -443,7 +474,9 @@ def _congestion(
                     "saturated": int(wait.saturated),
                 },
             )
-    discards = _increase(_judged(recent, ("port_xmit_discards",)), "port_xmit_discards")
+    discards = _increase(
+        track, _judged(track, first, ("port_xmit_discards",)), "port_xmit_discards"
+    )
     if discards.increase >= config.xmit_discards_warn_count:
         out.find(
             port,
@@ -460,8 +493,8 @@ def _congestion(
         )
 
 
-def _saturation(port: Port, samples: Samples, out: _Verdicts) -> None:
-    latest = samples[-1][1]
+def _saturation(port: Port, track: Ports, out: _Verdicts) -> None:
+    latest = track.samples[-1]
     stuck = {
         name: latest.counters[name]
         for name, bits in COUNTER_BITS.items()
@@ -471,7 +504,7 @@ def _saturation(port: Port, samples: Samples, out: _Verdicts) -> None:
         out.measure("counter_saturated", port, 1.0, counter=name)
     if not stuck:
         return
-    first = samples[0][1]
+    first = track.samples[0]
     # Pinned since the port was first seen (at daemon start, or before the
     # history's horizon): filled by a past nobody watched, not by a fault now.
     inherited = {
@@ -499,12 +532,12 @@ def _expected(
     expected = {port for port in ports if _listed(port, config.expected_ports)}
     if config.expect_ports_seen_active:
         expected |= learned
-        expected |= {
-            port
-            for port in ports
-            if any(sample.state_id == ACTIVE for _, sample in history.port(*port))
-        }
+        expected |= {port for port in ports if _seen_active(history.port_track(*port))}
     return expected
+
+
+def _seen_active(track: Ports) -> bool:
+    return track.column((NAME, "active"), _active).present(0, len(track) - 1) > 0
 
 
 def learned_ports(readings: Iterable[Reading]) -> set[str]:
@@ -557,18 +590,18 @@ def run(
     out = _Verdicts()
     expected = _expected(history, ports, config, remembered)
     for port in ports:
-        samples = history.port(*port)
+        track = history.port_track(*port)
         # A port not in the last poll that listed ports is gone.
-        if samples[-1][0] < last_poll:
+        if track.times[-1] < last_poll:
             if port in expected:
-                _missing(port, samples[-1][0], now, port in remembered, out)
+                _missing(port, track.times[-1], now, port in remembered, out)
             continue
         if port in expected:
-            _link_state(port, samples, config, out)
-        _flaps(port, samples, now, config, out)
-        _bit_errors(port, samples, now, config, out)
-        _congestion(port, samples, now, config, out)
-        _saturation(port, samples, out)
+            _link_state(port, track, config, out)
+        _flaps(port, track, now, config, out)
+        _bit_errors(port, track, now, config, out)
+        _congestion(port, track, now, config, out)
+        _saturation(port, track, out)
     unseen = _named_ports(config.expected_ports)
     if config.expect_ports_seen_active:
         unseen |= remembered

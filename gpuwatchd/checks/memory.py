@@ -17,14 +17,14 @@ pre-Ampere mechanism). Follows NVIDIA's GPU memory error management guide:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import gpu_subject, increase_between
+from gpuwatchd.checks.common import gpu_subject
 from gpuwatchd.counters import Increase
-from gpuwatchd.history import History, series
+from gpuwatchd.history import History, Track
 from gpuwatchd.model import Action, Finding, GpuSample, Severity
 from gpuwatchd.settings import PerSecond, Seconds
 
@@ -60,22 +60,18 @@ def run(history: History, now: float, config: MemoryConfig) -> CheckOutput:
         latest = history.latest_gpu(index)
         if latest is None or not latest.up:
             continue
-        samples = history.gpu(index)
-        findings.extend(_ecc(latest, samples, now, config))
+        findings.extend(_ecc(latest, history.gpu_track(index), now, config))
         findings.extend(_remapping(latest))
         findings.extend(_retirement(latest, config))
     return CheckOutput(findings=tuple(findings))
 
 
 def _ecc_increase(
-    samples: Sequence[tuple[float, GpuSample]],
-    error_type: str,
-    scope: str,
-    now: float,
-    window: float,
+    track: Track[GpuSample], error_type: str, scope: str, now: float, window: float
 ) -> Increase:
-    points = series(samples, partial(_ecc_count, (error_type, scope)))
-    return increase_between(points, now - window, now)
+    key = (error_type, scope)
+    column = track.column((NAME, key), partial(_ecc_count, key))
+    return column.increase(track.at_or_before(now - window), track.upto(now), track.times)
 
 
 def _ecc_count(key: tuple[str, str], sample: GpuSample) -> int | None:
@@ -83,14 +79,14 @@ def _ecc_count(key: tuple[str, str], sample: GpuSample) -> int | None:
 
 
 def _ecc(
-    latest: GpuSample, samples: Sequence[tuple[float, GpuSample]], now: float, config: MemoryConfig
+    latest: GpuSample, track: Track[GpuSample], now: float, config: MemoryConfig
 ) -> Iterator[Finding]:
     subject = gpu_subject(latest.index)
     # Volatile counters restart at a driver reload (a reset, not errors); the
     # aggregate ones survive it but are written to the InfoROM later. Either
     # growing is a new error.
     uncorrected = max(
-        _ecc_increase(samples, "uncorrected", scope, now, config.window).increase
+        _ecc_increase(track, "uncorrected", scope, now, config.window).increase
         for scope in ("volatile", "aggregate")
     )
     since_reset = latest.ecc_errors.get(("uncorrected", "volatile")) or 0
@@ -118,9 +114,9 @@ def _ecc(
             },
             immediate=True,
         )
-    corrected = _ecc_increase(samples, "corrected", "volatile", now, config.window)
+    corrected = _ecc_increase(track, "corrected", "volatile", now, config.window)
     if corrected.seconds <= 0:
-        corrected = _ecc_increase(samples, "corrected", "aggregate", now, config.window)
+        corrected = _ecc_increase(track, "corrected", "aggregate", now, config.window)
     if corrected.seconds > 0 and corrected.rate >= config.sbe_storm_rate:
         yield Finding(
             subject=subject,

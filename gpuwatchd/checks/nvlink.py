@@ -27,7 +27,6 @@ from gpuwatchd.checks.common import (
     gpu_subject,
     increase_between,
     link_subject,
-    tail_from,
     windows,
 )
 from gpuwatchd.history import History, series
@@ -132,16 +131,22 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
         # A lost GPU has no links to read: the gpu_lost check speaks for it.
         if latest is None or not latest.up:
             continue
-        samples = history.gpu(index)
-        recent = tail_from(samples, now - config.window * config.storm_windows)
-        window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.up]
+        track = history.gpu_track(index)
+        first = track.at_or_before(now - config.window * config.storm_windows)
+        recent = track.tail(first)
+        window = [
+            (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.up
+        ]
         down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
-        was_up = _seen_up(samples[:-1], down)
+        was_up = _seen_up(track.samples[:-1], down) if down else set()
         for link in latest.nvlinks:
             findings.extend(_down(link, was_up))
-            findings.extend(_errors(link, _link_series(recent, link.link), now, config))
+            # A link whose counters have not moved since before the oldest
+            # window grew by nothing in any window: nothing to judge.
+            if track.last_change((NAME, link.link), partial(_link_errors, link.link)) > first:
+                findings.extend(_errors(link, _link_series(recent, link.link), now, config))
             findings.extend(_ber(link, config))
-        if samples[0][0] <= now - config.window:
+        if track.times[0] <= now - config.window:
             findings.extend(_missing(latest, window, was_up, config))
     return CheckOutput(findings=tuple(findings))
 
@@ -161,11 +166,16 @@ def _link(number: int, sample: GpuSample) -> LinkSample | None:
     return next((link for link in links if link.link == number), None)
 
 
-def _seen_up(samples: Sequence[tuple[float, GpuSample]], numbers: set[int]) -> set[int]:
+def _link_errors(number: int, sample: GpuSample) -> Mapping[str, int] | None:
+    link = _link(number, sample)
+    return None if link is None else link.errors
+
+
+def _seen_up(samples: Sequence[GpuSample], numbers: set[int]) -> set[int]:
     """Which of the links `numbers` were up in any of `samples` (newest first,
     stopping once all are found: only a link never up costs the whole history)."""
     pending, seen = set(numbers), set()
-    for _, sample in reversed(samples):
+    for sample in reversed(samples):
         if not pending:
             break
         for link in sample.nvlinks:

@@ -21,19 +21,12 @@ Gen5 x16 link), rounded up; more is a warning.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import (
-    gpu_labels,
-    gpu_subject,
-    increase_between,
-    samples_between,
-    tail_from,
-    windows,
-)
-from gpuwatchd.history import History, series
+from gpuwatchd.checks.common import gpu_labels, gpu_subject, windows
+from gpuwatchd.history import History, Track
 from gpuwatchd.model import Action, Finding, GpuSample, Measurement, Severity
 from gpuwatchd.settings import Seconds
 
@@ -80,12 +73,12 @@ def run(history: History, now: float, config: PcieConfig) -> CheckOutput:
         latest = history.latest_gpu(index)
         if latest is None or not latest.up:
             continue
-        samples = tail_from(history.gpu(index), now - config.window * config.critical_windows)
-        judged = [_downtrained_window(samples, start, end, config) for start, end in spans]
+        track = history.gpu_track(index)
+        judged = [_downtrained_window(track, start, end, config) for start, end in spans]
         if judged[0] is not None:
             lasting = all(window is not None for window in judged)
             findings.append(_downtrained(latest, judged[0], lasting, config))
-        replays = _replays(history.gpu(index), latest, now, config)
+        replays = _replays(track, latest, now, config)
         if replays is not None:
             measurements.append(
                 Measurement("gpu_pcie_replays_per_minute", gpu_labels(latest), replays.per_minute)
@@ -118,14 +111,14 @@ def _below_max(sample: GpuSample) -> bool | None:
 
 
 def _downtrained_window(
-    samples: Sequence[tuple[float, GpuSample]], start: float, end: float, config: PcieConfig
+    track: Track[GpuSample], start: float, end: float, config: PcieConfig
 ) -> GpuSample | None:
     """The window's last busy sample when every busy sample whose link is
     known shows it downtrained; None when any shows it at its maximum, or
     when the GPU was never busy with its link known (idle is not judged)."""
     known = [
         sample
-        for _, sample in samples_between(samples, start, end)
+        for sample in track.between(start, end)
         if _busy(sample, config) and _below_max(sample) is not None
     ]
     if not known or not all(_below_max(sample) for sample in known):
@@ -175,10 +168,10 @@ def allowed_replays_per_minute(generation: int, width: int, bit_error_rate: floa
 
 
 def _replays(
-    samples: Sequence[tuple[float, GpuSample]], latest: GpuSample, now: float, config: PcieConfig
+    track: Track[GpuSample], latest: GpuSample, now: float, config: PcieConfig
 ) -> _Replays | None:
-    points = series(tail_from(samples, now - config.replay_window), _replay_count)
-    grown = increase_between(points, now - config.replay_window, now)
+    first, last = track.at_or_before(now - config.replay_window), track.upto(now)
+    grown = track.column((NAME, "replays"), _replay_count).increase(first, last, track.times)
     if grown.seconds <= 0:
         return None
     allowed = None

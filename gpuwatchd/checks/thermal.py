@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import gpu_labels, gpu_subject, increase_between, samples_between
-from gpuwatchd.history import History, series
+from gpuwatchd.checks.common import gpu_labels, gpu_subject
+from gpuwatchd.history import History, Track
 from gpuwatchd.model import (
     THROTTLE_REASONS,
     Action,
@@ -86,27 +86,26 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
         latest = history.latest_gpu(index)
         if latest is None or not latest.up:
             continue
-        samples = history.gpu(index)
-        ratios = _throttle_ratios(samples, now, config.window)
+        track = history.gpu_track(index)
+        ratios = _throttle_ratios(track, now, config.window)
         measurements.extend(
             Measurement("gpu_throttle_ratio", {**gpu_labels(latest), "reason": reason}, ratio)
             for reason, ratio in ratios.items()
         )
-        recent = [sample for _, sample in samples_between(samples, now - config.window, now)]
+        recent = track.between(now - config.window, now)
         findings.extend(_throttling(latest, ratios, config))
         findings.extend(_hw_slowdown(latest, recent, ratios, config))
         findings.extend(_headroom(latest, config))
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
 
 
-def _throttle_ratios(
-    samples: Sequence[tuple[float, GpuSample]], now: float, window: float
-) -> dict[str, float]:
+def _throttle_ratios(track: Track[GpuSample], now: float, window: float) -> dict[str, float]:
     """Share of the window spent in each violation, for the reasons NVML counts."""
+    first, last = track.at_or_before(now - window), track.upto(now)
     ratios: dict[str, float] = {}
     for reason in THROTTLE_REASONS:
-        points = series(samples, partial(_violation_seconds, reason))
-        grown = increase_between(points, now - window, now)
+        column = track.column((NAME, reason), _VIOLATION_SECONDS[reason])
+        grown = column.increase(first, last, track.times)
         if grown.seconds > 0:
             ratios[reason] = min(1.0, grown.rate)
     return ratios
@@ -114,6 +113,9 @@ def _throttle_ratios(
 
 def _violation_seconds(reason: str, sample: GpuSample) -> float | None:
     return sample.throttle_seconds.get(reason)
+
+
+_VIOLATION_SECONDS = {reason: partial(_violation_seconds, reason) for reason in THROTTLE_REASONS}
 
 
 def _throttling(

@@ -1,0 +1,107 @@
+"""History's tracks: the windows and running totals checks read must give what
+the counter maths gives over the same samples, however the track was fed
+(samples replaced at the same time, expired, a column first asked for late)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwatchd.checks.common import tail_from
+from gpuwatchd.counters import gauge_integral, increase, window
+from gpuwatchd.history import Track, series
+
+
+@dataclass(frozen=True)
+class _Sample:
+    value: int | float | None
+
+
+def _value(sample: _Sample) -> int | float | None:
+    return sample.value
+
+
+BITS = 8
+values = st.one_of(
+    st.none(),
+    st.integers(min_value=0, max_value=2**BITS - 1),
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+)
+# Each step: a value, whether it replaces the last sample (same time), and
+# whether a check reads the track after it.
+steps = st.lists(st.tuples(values, st.booleans(), st.booleans()), min_size=1, max_size=40)
+
+
+def _feed(track: Track[_Sample], plan: list[tuple[int | float | None, bool, bool]]) -> None:
+    time = 0.0
+    for value, same_time, read in plan:
+        time += 0 if same_time and track.times else 10
+        track.append(time, _Sample(value))
+        track.expire(time - 150)
+        if read:
+            track.column("value", _value, BITS)
+            track.area("value", _value)
+            track.last_change("value", _value)
+
+
+@settings(derandomize=True, max_examples=300)
+@given(steps, st.floats(min_value=-20, max_value=500), st.floats(min_value=0, max_value=200))
+def test_column_increase_matches_the_counter_maths_over_any_window(
+    plan: list[tuple[int | float | None, bool, bool]], end: float, seconds: float
+) -> None:
+    track: Track[_Sample] = Track(max_samples=12)
+    _feed(track, plan)
+    column = track.column("value", _value, BITS)
+    points = series(track.items(), _value)
+    start = end - seconds
+    between = column.increase(track.at_or_before(start), track.upto(end), track.times)
+    assert between == increase([(t, v) for t, v in tail_from(points, start) if t <= end], bits=BITS)
+    latest = track.times[-1]
+    first = track.before(latest - seconds)
+    recent = column.increase(first, len(track) - 1, track.times)
+    assert recent == increase(window(points, latest, seconds), bits=BITS)
+    area = track.area("value", _value).integral(first, len(track) - 1)
+    assert area == gauge_integral(window(points, latest, seconds))
+
+
+def test_a_long_running_track_gives_what_its_samples_give_after_many_expire() -> None:
+    # Long enough that what the track derived drops expired samples in batches.
+    track: Track[_Sample] = Track(max_samples=4096)
+    for step in range(1000):
+        time = step * 10.0
+        value = None if step % 37 == 0 else (step * 7) % 250 + (step % 3) * 0.5
+        track.append(time, _Sample(value))
+        track.expire(time - 3600)
+        column = track.column("value", _value, BITS)
+        points = series(track.items(), _value)
+        first = track.before(time - 600)
+        assert column.increase(first, len(track) - 1, track.times) == increase(
+            window(points, time, 600), bits=BITS
+        )
+        assert track.area("value", _value).integral(first, len(track) - 1) == gauge_integral(
+            window(points, time, 600)
+        )
+
+
+@settings(derandomize=True, max_examples=300)
+@given(steps)
+def test_last_change_is_where_the_value_last_differed(
+    plan: list[tuple[int | float | None, bool, bool]],
+) -> None:
+    track: Track[_Sample] = Track(max_samples=12)
+    _feed(track, plan)
+    values = [sample.value for sample in track.samples]
+    differs = [p for p in range(1, len(values)) if values[p] != values[p - 1]]
+    assert track.last_change("value", _value) == (differs[-1] if differs else 0)
+
+
+def test_a_track_keeps_one_sample_older_than_the_horizon_and_at_most_max_samples() -> None:
+    track: Track[_Sample] = Track(max_samples=3)
+    for time in range(0, 60, 10):
+        track.append(float(time), _Sample(time))
+    assert track.times == [30.0, 40.0, 50.0]
+    track.expire(45.0)
+    assert track.times == [40.0, 50.0]
+    assert [sample.value for sample in track.between(35.0, 50.0)] == [40, 50]
