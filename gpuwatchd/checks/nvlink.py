@@ -129,12 +129,13 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
     findings: list[Finding] = []
     for index in history.gpu_indices():
         latest = history.latest_gpu(index)
-        # A lost GPU has no links to read: the gpu_lost check speaks for it.
-        if latest is None or not latest.up:
+        # A lost GPU, or one whose read hung, has no links read: the gpu_lost
+        # check speaks for it.
+        if latest is None or not latest.read:
             continue
         samples = history.gpu(index)
         recent = tail_from(samples, now - config.window * config.storm_windows)
-        window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.up]
+        window = [(time, s) for time, s in tail_from(samples, now - config.window) if s.read]
         down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
         was_up = _seen_up(samples[:-1], down)
         for link in latest.nvlinks:
