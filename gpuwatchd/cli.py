@@ -423,7 +423,8 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
     type=click.IntRange(min=1),
     default=1000,
     show_default=True,
-    help="At most this many entries, the oldest first.",
+    help="At most this many entries: the newest of the window (printed oldest first); "
+    "a notice on stderr says when older ones were left out.",
 )
 @click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
@@ -444,19 +445,31 @@ def journal(
     database (or from the daemon at --node)."""
     config = _load(config_path)
     if node_url is not None:
-        entries = _remote_journal(_client(config, node_url), since, until, limit, subject)
+        entries, truncated = _remote_journal(
+            _client(config, node_url), since, until, limit, subject
+        )
     else:
-        entries = _local_journal(state_dir or config.daemon.state_dir, since, until, limit, subject)
+        entries, truncated = _local_journal(
+            state_dir or config.daemon.state_dir, since, until, limit, subject
+        )
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
         else:
             click.echo(_format_entry(entry))
+    if truncated:
+        # On stderr, so that --json output stays one entry a line.
+        click.echo(
+            f"note: older entries of the window were left out (only the newest {limit} "
+            "are shown): raise --limit, or narrow --since, --until or --subject",
+            err=True,
+        )
 
 
 def _local_journal(
     directory: str, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[JournalEntry, ...]:
+) -> tuple[tuple[JournalEntry, ...], bool]:
+    """The newest `limit` entries of the window, and whether older ones were left out."""
     path = os.path.join(directory, DB_NAME)
     if not os.path.exists(path):
         raise click.ClickException(
@@ -468,16 +481,20 @@ def _local_journal(
     except StoreError as error:
         raise click.ClickException(str(error)) from error
     try:
-        return store.journal(since=since, subject=subject, limit=limit, until=until)
+        # One more than asked says whether older entries were left out.
+        entries = store.journal(since=since, subject=subject, limit=limit + 1, until=until)
     finally:
         store.close()
+    return entries[-limit:], len(entries) > limit
 
 
 def _remote_journal(
     client: DaemonClient, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[JournalEntry, ...]:
-    """The API's journal; `until` is applied here (the API has none), which
-    is exact since entries come oldest first."""
+) -> tuple[tuple[JournalEntry, ...], bool]:
+    """The API's journal, and whether older entries were left out. `until`
+    is applied here (the API has none): the API's newest `limit` entries
+    since `since` may then leave out entries before `until`, which its
+    truncation flag says."""
     query = {"since": f"{since:.3f}", "limit": str(limit)}
     if subject is not None:
         query["subject"] = subject
@@ -486,7 +503,8 @@ def _remote_journal(
     except (DaemonUnreachable, DaemonError) as error:
         raise _unreachable(client, error) from error
     entries = tuple(JournalEntry(**entry) for entry in document["entries"])
-    return tuple(e for e in entries if until is None or e.time < until)
+    kept = tuple(e for e in entries if until is None or e.time < until)
+    return kept, bool(document.get("truncated"))
 
 
 main.add_command(canary)
