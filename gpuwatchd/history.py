@@ -3,6 +3,14 @@
 The daemon records each poll's readings here; checks read series out of it
 and never write. Each subject keeps at most `max_samples` samples and nothing
 older than `max_age_seconds`, so memory stays flat however long the daemon runs.
+
+Polls closer together than `max_age_seconds / (max_samples - 2)` (0.88 s for
+an hour in 4096 samples) would fill the ring before the hour is covered and
+cut every window short. So the kept samples are at least that far apart: the
+newest sample is always the last poll's, replacing the one before it while
+that one is too close to the sample kept before it. Windows keep their full
+length at any poll interval, at the resolution of that spacing; counters lose
+nothing (they are cumulative), and each poll's own sample is judged as it comes.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ class History:
     def __init__(self, max_age_seconds: float, max_samples: int = 4096) -> None:
         self.max_age_seconds = max_age_seconds
         self.max_samples = max_samples
+        self._spacing = max_age_seconds / max(1, max_samples - 2)
         self._gpus: dict[int, deque[tuple[float, GpuSample]]] = {}
         self._ports: dict[tuple[str, int], deque[tuple[float, PortSample]]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
@@ -43,9 +52,10 @@ class History:
     def _ring(self) -> deque[tuple[float, T]]:
         return deque(maxlen=self.max_samples)
 
-    @staticmethod
-    def _append(ring: deque[tuple[float, T]], time: float, sample: T) -> None:
-        if ring and ring[-1][0] == time:
+    def _append(self, ring: deque[tuple[float, T]], time: float, sample: T) -> None:
+        if ring and (
+            ring[-1][0] == time or (len(ring) > 1 and ring[-1][0] - ring[-2][0] < self._spacing)
+        ):
             ring[-1] = (time, sample)
         else:
             ring.append((time, sample))
