@@ -115,7 +115,7 @@ def _boot_id(path: str | None) -> str:
     """This boot's id (XID escalation counts reboots by it), or "unknown"."""
     try:
         return read_boot_id(path) if path else read_boot_id()
-    except OSError as error:
+    except (OSError, ValueError) as error:
         log.warning("cannot read the boot id: %s; reboots will not be counted", error)
         return "unknown"
 
