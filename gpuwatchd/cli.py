@@ -54,7 +54,14 @@ from gpuwatchd.config import (
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
-from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
+from gpuwatchd.server import (
+    StatusServer,
+    UnixStatusServer,
+    base_url,
+    client_secret,
+    ensure_token_file,
+    unix_socket_path,
+)
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
@@ -263,9 +270,11 @@ def _listen(
     config: Config, daemon: Daemon, clock: SystemClock, listen: str, control: bool
 ) -> StatusServer:
     """A started listener on `listen`: with the control API, or status only."""
+    socket_path = unix_socket_path(listen)
+    kind = StatusServer if socket_path is None else UnixStatusServer
     try:
-        server = StatusServer(
-            parse_listen(listen),
+        server = kind(
+            parse_listen(listen) if socket_path is None else socket_path,
             daemon.registry,
             lambda: daemon.snapshot,
             max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
@@ -308,7 +317,10 @@ def _exposed(path: str) -> str | None:
 
 
 def _local_url(config: Config) -> str:
-    host, port = parse_listen(config.api.listen or config.daemon.listen)
+    listen = config.api.listen or config.daemon.listen
+    if unix_socket_path(listen) is not None:
+        return listen
+    host, port = parse_listen(listen)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return base_url(host, port, tls=bool(config.api.tls_cert_file))
@@ -320,9 +332,10 @@ def _client(
     """The daemon at --node, else the local one. A local daemon's own
     certificate is trusted as its CA (a self-signed one naming 127.0.0.1)."""
     if node_url is not None:
-        if "://" not in node_url:
+        if "://" not in node_url and unix_socket_path(node_url) is None:
             raise click.BadParameter(
-                f"{node_url!r} is not a URL: write http://{node_url} (or https://)",
+                f"{node_url!r} is not a URL: write http://{node_url} (or https://, "
+                "or unix:/path/to/api.sock)",
                 param_hint="--node",
             )
         return DaemonClient(node_url, timeout=timeout)
