@@ -1346,8 +1346,11 @@ class NvmlSource:
         job = _Job(gpu, lambda: self._read(gpu, now), now)
         if self._reader is None:
             self._reader = _Reader()
+        # The deadline is set before the read starts: a clock that moves
+        # while it runs (a test's, once the read is stuck) counts against it.
+        deadline = self._clock.now() + self._read_timeout
         self._reader.read(job)
-        if not self._clock.wait_for(job.done, self._read_timeout):
+        if not self._clock.wait_until(job.done, deadline):
             return self._give_up(job)
         if job.error is not None:
             raise job.error
