@@ -451,7 +451,8 @@ class _Availability:
         key = (gpu, subject, source)
         with self._lock:
             back = self._refused.pop(key, None) is not None and key in self._logged
-            self._logged.discard(key)
+            if back:
+                self._logged.discard(key)
         if back:
             log.info("GPU %d: %s is read by %s again", gpu, subject, source)
 
