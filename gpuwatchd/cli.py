@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import faulthandler
 import json
 import logging
 import os
@@ -54,7 +55,14 @@ from gpuwatchd.config import (
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
-from gpuwatchd.server import StatusServer, base_url, client_secret, ensure_token_file
+from gpuwatchd.server import (
+    StatusServer,
+    UnixStatusServer,
+    base_url,
+    client_secret,
+    ensure_token_file,
+    unix_socket_path,
+)
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
@@ -189,6 +197,12 @@ def run(
     config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
     level = "debug" if verbose else log_level or config.daemon.log_level
     logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
+    # A fatal signal inside C code (SIGBUS in sqlite's mapping of its -shm
+    # file on a full or damaged filesystem, say) cannot be survived, but is
+    # said with the Python stack where the daemon logs, not silently (unless
+    # a host such as pytest has its own handler).
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     _check_listen_free(config.daemon.listen)
     with ExitStack() as stack:
         scratch = None
@@ -263,9 +277,11 @@ def _listen(
     config: Config, daemon: Daemon, clock: SystemClock, listen: str, control: bool
 ) -> StatusServer:
     """A started listener on `listen`: with the control API, or status only."""
+    socket_path = unix_socket_path(listen)
+    kind = StatusServer if socket_path is None else UnixStatusServer
     try:
-        server = StatusServer(
-            parse_listen(listen),
+        server = kind(
+            parse_listen(listen) if socket_path is None else socket_path,
             daemon.registry,
             lambda: daemon.snapshot,
             max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
@@ -308,7 +324,10 @@ def _exposed(path: str) -> str | None:
 
 
 def _local_url(config: Config) -> str:
-    host, port = parse_listen(config.api.listen or config.daemon.listen)
+    listen = config.api.listen or config.daemon.listen
+    if unix_socket_path(listen) is not None:
+        return listen
+    host, port = parse_listen(listen)
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return base_url(host, port, tls=bool(config.api.tls_cert_file))
@@ -320,9 +339,10 @@ def _client(
     """The daemon at --node, else the local one. A local daemon's own
     certificate is trusted as its CA (a self-signed one naming 127.0.0.1)."""
     if node_url is not None:
-        if "://" not in node_url:
+        if "://" not in node_url and unix_socket_path(node_url) is None:
             raise click.BadParameter(
-                f"{node_url!r} is not a URL: write http://{node_url} (or https://)",
+                f"{node_url!r} is not a URL: write http://{node_url} (or https://, "
+                "or unix:/path/to/api.sock)",
                 param_hint="--node",
             )
         return DaemonClient(node_url, timeout=timeout)
@@ -423,7 +443,8 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
     type=click.IntRange(min=1),
     default=1000,
     show_default=True,
-    help="At most this many entries, the oldest first.",
+    help="At most this many entries: the newest of the window (printed oldest first); "
+    "a notice on stderr says when older ones were left out.",
 )
 @click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
@@ -444,19 +465,31 @@ def journal(
     database (or from the daemon at --node)."""
     config = _load(config_path)
     if node_url is not None:
-        entries = _remote_journal(_client(config, node_url), since, until, limit, subject)
+        entries, truncated = _remote_journal(
+            _client(config, node_url), since, until, limit, subject
+        )
     else:
-        entries = _local_journal(state_dir or config.daemon.state_dir, since, until, limit, subject)
+        entries, truncated = _local_journal(
+            state_dir or config.daemon.state_dir, since, until, limit, subject
+        )
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
         else:
             click.echo(_format_entry(entry))
+    if truncated:
+        # On stderr, so that --json output stays one entry a line.
+        click.echo(
+            f"note: older entries of the window were left out (only the newest {limit} "
+            "are shown): raise --limit, or narrow --since, --until or --subject",
+            err=True,
+        )
 
 
 def _local_journal(
     directory: str, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[JournalEntry, ...]:
+) -> tuple[tuple[JournalEntry, ...], bool]:
+    """The newest `limit` entries of the window, and whether older ones were left out."""
     path = os.path.join(directory, DB_NAME)
     if not os.path.exists(path):
         raise click.ClickException(
@@ -468,16 +501,20 @@ def _local_journal(
     except StoreError as error:
         raise click.ClickException(str(error)) from error
     try:
-        return store.journal(since=since, subject=subject, limit=limit, until=until)
+        # One more than asked says whether older entries were left out.
+        entries = store.journal(since=since, subject=subject, limit=limit + 1, until=until)
     finally:
         store.close()
+    return entries[-limit:], len(entries) > limit
 
 
 def _remote_journal(
     client: DaemonClient, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[JournalEntry, ...]:
-    """The API's journal; `until` is applied here (the API has none), which
-    is exact since entries come oldest first."""
+) -> tuple[tuple[JournalEntry, ...], bool]:
+    """The API's journal, and whether older entries were left out. `until`
+    is applied here (the API has none): the API's newest `limit` entries
+    since `since` may then leave out entries before `until`, which its
+    truncation flag says."""
     query = {"since": f"{since:.3f}", "limit": str(limit)}
     if subject is not None:
         query["subject"] = subject
@@ -486,7 +523,8 @@ def _remote_journal(
     except (DaemonUnreachable, DaemonError) as error:
         raise _unreachable(client, error) from error
     entries = tuple(JournalEntry(**entry) for entry in document["entries"])
-    return tuple(e for e in entries if until is None or e.time < until)
+    kept = tuple(e for e in entries if until is None or e.time < until)
+    return kept, bool(document.get("truncated"))
 
 
 main.add_command(canary)

@@ -6,7 +6,11 @@ rates, confirmation and the poll loop use it, so a step of the wall clock (an
 NTP step, `date -s`) changes none of them; `wall()` is the wall clock as it
 is now, so that the daemon can say when the two part. `wait(stop, seconds)`
 blocks until the stop event is set or the time has passed. The fake clock's
-`wait` advances time and returns at once.
+`wait` advances time and returns at once. `wait_until(done, deadline)` waits
+for work another thread does, up to a deadline on this clock: the fake
+clock's waits until the work is done or another thread (a test) has moved
+time to the deadline, so that a test decides when a deadline has passed, not
+the machine's speed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+# How often a fake clock's `wait_for` looks whether time has passed its
+# deadline, in real seconds.
+_FAKE_DEADLINE_LOOK_S = 0.005
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -24,6 +32,10 @@ class Clock(Protocol):
 
     def wait(self, stop: threading.Event, seconds: float) -> bool:
         """Wait up to `seconds`; True when `stop` was set."""
+        ...
+
+    def wait_until(self, done: threading.Event, deadline: float) -> bool:
+        """Wait until `done` is set, or `now()` reaches `deadline`; True when it was set."""
         ...
 
 
@@ -54,6 +66,9 @@ class SystemClock(SteadyClock):
     def wait(self, stop: threading.Event, seconds: float) -> bool:
         # Event.wait times out on the monotonic clock.
         return stop.wait(max(0.0, seconds))
+
+    def wait_until(self, done: threading.Event, deadline: float) -> bool:
+        return self.wait(done, deadline - self.now())
 
 
 class FakeClock(SteadyClock):
@@ -89,3 +104,11 @@ class FakeClock(SteadyClock):
             return True
         self.advance(max(0.0, seconds))
         return stop.is_set()
+
+    def wait_until(self, done: threading.Event, deadline: float) -> bool:
+        # Time moves only when another thread advances it: look at it between
+        # short real waits for the work.
+        while not done.wait(_FAKE_DEADLINE_LOOK_S):
+            if self.now() >= deadline:
+                return done.is_set()
+        return True

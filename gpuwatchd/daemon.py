@@ -115,7 +115,7 @@ def _boot_id(path: str | None) -> str:
     """This boot's id (XID escalation counts reboots by it), or "unknown"."""
     try:
         return read_boot_id(path) if path else read_boot_id()
-    except OSError as error:
+    except (OSError, ValueError) as error:
         log.warning("cannot read the boot id: %s; reboots will not be counted", error)
         return "unknown"
 
@@ -539,9 +539,11 @@ class Daemon:
     def run(self, notifier: Notifier | None = None) -> None:
         """Poll until `stop()`; each poll starts one interval after the last one started.
 
-        systemd's watchdog is fed from this loop only, so a poll that hangs
-        (an NVML call stuck on a broken GPU, say) stops the pings and systemd
-        restarts the daemon.
+        systemd's watchdog is fed from this loop only, after a poll that
+        completed and while waiting for the next, so a poll that hangs (a
+        sysfs read that never returns, say) stops the pings and systemd
+        restarts the daemon. NVML reads do not hang it: the source gives up a
+        GPU's read at its deadline and reports that GPU unreadable.
         """
         notifier = notifier or Notifier({})
         interval = self.config.daemon.poll_interval

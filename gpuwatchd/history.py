@@ -11,6 +11,14 @@ increase is a subtraction. A poll then costs a check work in proportion to
 the new samples, not to the window. What a Track derives lives and dies with
 the history, so it is rebuilt from the state database at a restart, as the
 history is.
+
+Polls closer together than `max_age_seconds / (max_samples - 2)` (0.88 s for
+an hour in 4096 samples) would fill the ring before the hour is covered and
+cut every window short. So the kept samples are at least that far apart: the
+newest sample is always the last poll's, replacing the one before it while
+that one is too close to the sample kept before it. Windows keep their full
+length at any poll interval, at the resolution of that spacing; counters lose
+nothing (they are cumulative), and each poll's own sample is judged as it comes.
 """
 
 from __future__ import annotations
@@ -194,8 +202,11 @@ class Track(Generic[T]):
     """One subject's samples, oldest first, with the Columns and change marks
     checks asked for, brought up to date when next asked."""
 
-    def __init__(self, max_samples: int) -> None:
+    def __init__(self, max_samples: int, spacing: float = 0.0) -> None:
         self.max_samples = max_samples
+        # Kept samples are at least this far apart (but the newest): see the
+        # module's docstring.
+        self.spacing = spacing
         self.times: list[float] = []
         self.samples: list[T] = []
         # A stamp per sample, new for each sample taken in (a replaced one too):
@@ -213,7 +224,11 @@ class Track(Generic[T]):
     def append(self, time: float, sample: T) -> None:
         self._items = None
         self._next_stamp += 1
-        if self.times and self.times[-1] == time:
+        times = self.times
+        if times and (
+            times[-1] == time or (len(times) > 1 and times[-1] - times[-2] < self.spacing)
+        ):
+            times[-1] = time
             self.samples[-1] = sample
             self._stamps[-1] = self._next_stamp
             return
@@ -358,6 +373,7 @@ class History:
     def __init__(self, max_age_seconds: float, max_samples: int = 4096) -> None:
         self.max_age_seconds = max_age_seconds
         self.max_samples = max_samples
+        self._spacing = max_age_seconds / max(1, max_samples - 2)
         self._gpus: dict[int, Track[GpuSample]] = {}
         self._ports: dict[tuple[str, int], Track[PortSample]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
@@ -370,7 +386,7 @@ class History:
         for gpu in reading.gpus or ():
             track = self._gpus.get(gpu.index)
             if track is None:
-                track = self._gpus[gpu.index] = Track(self.max_samples)
+                track = self._gpus[gpu.index] = Track(self.max_samples, self._spacing)
             track.append(reading.time, gpu)
         if reading.ports is not None:
             self.last_port_poll = max(self.last_port_poll or reading.time, reading.time)
@@ -378,7 +394,7 @@ class History:
             key = (port.device, port.port)
             ring = self._ports.get(key)
             if ring is None:
-                ring = self._ports[key] = Track(self.max_samples)
+                ring = self._ports[key] = Track(self.max_samples, self._spacing)
             ring.append(reading.time, port)
         self._xids.extend(reading.xid_events)
         self._expire()

@@ -182,6 +182,10 @@ class GpuSample:
     # Whether any call gave a value this poll: a GPU that answers every call
     # with an error (TIMEOUT, say) is up but tells nothing.
     responsive: bool = True
+    # Why a GPU that is not lost has no reading this poll: an NVML call on it
+    # has not returned within the source's read timeout (it may be stuck in
+    # the driver). Its values are absent; it is no evidence of a fault.
+    read_hung: str | None = None
     # Whether XID events of this GPU are being received (None: not asked for,
     # or the GPU does not report them).
     xid_events_received: bool | None = None
@@ -192,6 +196,11 @@ class GpuSample:
     @property
     def subject(self) -> str:
         return f"gpu:{self.index}"
+
+    @property
+    def read(self) -> bool:
+        """Whether this poll read the GPU: it is up and its read returned."""
+        return self.up and self.read_hung is None
 
     def reason_active(self, reason: str) -> bool | None:
         if self.clocks_event_reasons is None:

@@ -23,6 +23,7 @@ journaled. With a certificate and key configured the listener speaks TLS.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hmac
@@ -78,6 +79,10 @@ LISTEN_BACKLOG = 1024
 # 1024 file descriptors, so that a flood of idle connections cannot starve
 # the sources of descriptors or the listener of threads.
 MAX_CONNECTIONS = 256
+# `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix
+# socket, which only the daemon's user and group may connect to.
+UNIX_PREFIX = "unix:"
+UNIX_SOCKET_MODE = 0o660
 WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
 
 
@@ -100,18 +105,37 @@ class ApiConfig:
     max_body_bytes: int = 65536
     # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
     # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
-    # and can be the cluster address while the API stays on loopback.
-    # null: the API is served on daemon.listen.
+    # and can be the cluster address while the API stays on loopback; or
+    # unix:/run/gpuwatchd/api.sock, a Unix socket of mode 0660 (the daemon's
+    # user and group). null: the API is served on daemon.listen.
     listen: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self.max_body_bytes)
-        if self.listen is not None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.listen is None:
+            return
+        path = unix_socket_path(self.listen)
+        if path is None:
             from gpuwatchd.config import parse_listen  # config imports this module
 
             parse_listen(self.listen)
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file go together")
+        elif not os.path.isabs(path):
+            raise ValueError(
+                "a Unix socket is an absolute path such as unix:/run/gpuwatchd/api.sock, "
+                f"got {self.listen!r}"
+            )
+        elif self.tls_cert_file:
+            raise ValueError(
+                "the API on a Unix socket is plain HTTP (its file mode guards it): "
+                "leave tls_cert_file out, or listen on HOST:PORT"
+            )
+
+
+def unix_socket_path(listen: str) -> str | None:
+    """The socket's path of `unix:<path>`; None for HOST:PORT."""
+    return listen[len(UNIX_PREFIX) :] if listen.startswith(UNIX_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -470,7 +494,7 @@ class StatusServer(ThreadingHTTPServer):
 
     def __init__(
         self,
-        address: tuple[str, int],
+        address: tuple[str, int] | str,
         registry: CollectorRegistry,
         current: Callable[[], Snapshot],
         max_poll_age_seconds: float,
@@ -485,9 +509,10 @@ class StatusServer(ThreadingHTTPServer):
         if api.tls_cert_file and api.tls_key_file:
             self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.tls.load_cert_chain(api.tls_cert_file, api.tls_key_file)
-        if ":" in address[0]:
+        if isinstance(address, tuple) and ":" in address[0]:
             self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        # A path for UnixStatusServer, which typeshed's TCPServer does not know.
+        super().__init__(address, _Handler)  # type: ignore[arg-type]
         self.registry = registry
         self.current = current
         self.max_poll_age_seconds = max_poll_age_seconds
@@ -573,3 +598,56 @@ class StatusServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+class UnixStatusServer(StatusServer):
+    """The listener on a Unix socket (`api.listen: unix:<path>`), mode 0660:
+    reaching the API takes the daemon's user or group, and writes still take
+    a token. A socket left by a daemon that died is replaced; one another
+    process listens on is not."""
+
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        path = str(self.server_address)
+        _remove_stale_socket(path)
+        # Created 0600 whatever the umask, then opened to the group: no moment
+        # when others could connect.
+        previous = os.umask(0o177)
+        try:
+            self.socket.bind(path)
+        finally:
+            os.umask(previous)
+        os.chmod(path, UNIX_SOCKET_MODE)
+        self.server_name, self.server_port = "localhost", 0
+
+    def get_request(self) -> tuple[Any, Any]:
+        request, _ = super().get_request()
+        # A Unix peer has no address: name the socket, where log lines and
+        # journaled refusals name a client.
+        return request, (f"{UNIX_PREFIX}{self.server_address}", 0)
+
+    @property
+    def url(self) -> str:
+        return f"{UNIX_PREFIX}{self.server_address}"
+
+    def server_close(self) -> None:
+        super().server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(self.server_address))
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nobody listens: a dead daemon's
+            return
+    raise OSError(errno.EADDRINUSE, f"another process listens on {path}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import uuid
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "state.db"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+# A boot id is a UUID; read a little more, so that a longer file is refused.
+_MAX_BOOT_ID_BYTES = 64
+_BOOT_ID_RE = re.compile(r"[0-9A-Za-z-]{1,64}")
 
 # Schema migrations: entry N takes a database from version N to N + 1
 # (`PRAGMA user_version`). Append, never edit.
@@ -268,9 +272,13 @@ class OutboxCounts:
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:
-    """The kernel's id of this boot; it changes at every reboot."""
-    with open(path, encoding="ascii") as handle:
-        return handle.read().strip()
+    """The kernel's id of this boot (a UUID); it changes at every reboot.
+    OSError when it cannot be read, ValueError when it is not such an id."""
+    with open(path, "rb") as handle:
+        text = handle.read(_MAX_BOOT_ID_BYTES + 1).decode("ascii", "replace").strip()
+    if not _BOOT_ID_RE.fullmatch(text):
+        raise ValueError(f"{path} does not hold a boot id: {text[:40]!r}")
+    return text
 
 
 class Store:

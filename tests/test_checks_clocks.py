@@ -4,7 +4,7 @@ with no clocks-event reason that explains it."""
 from __future__ import annotations
 
 import pytest
-from gpu_history import gpu, last_time, timeline
+from gpu_history import POLL, gpu, last_time, timeline
 
 from gpuwatchd.checks import clocks
 from gpuwatchd.checks.clocks import ClocksConfig
@@ -28,9 +28,14 @@ def busy(index: int, clock_hz: float, **fields: object) -> GpuSample:
 
 
 def node(
-    slow_clock_hz: float, polls: int, slow_from: int = 0, **slow_fields: object
+    slow_clock_hz: float,
+    polls: int,
+    slow_from: int = 0,
+    step: float = POLL,
+    **slow_fields: object,
 ) -> tuple[History, float]:
-    """Eight busy GPUs near 1950 MHz; GPU 5 runs at `slow_clock_hz` from poll `slow_from` on."""
+    """Eight busy GPUs near 1950 MHz, polled every `step`; GPU 5 runs at
+    `slow_clock_hz` from poll `slow_from` on."""
 
     def gpus_at(k: int, time: float) -> list[GpuSample]:
         gpus = [busy(i, 1950e6 - 5e6 * i) for i in range(8)]
@@ -38,7 +43,8 @@ def node(
             gpus[5] = busy(5, slow_clock_hz, **slow_fields)
         return gpus
 
-    return timeline(polls, gpus_at), last_time(polls)
+    history = History(max_age_seconds=3600.0)
+    return timeline(polls, gpus_at, step=step, history=history), last_time(polls, step=step)
 
 
 def test_a_busy_gpu_slower_than_its_peers_for_no_reason_warns_with_its_drift_ratio() -> None:
@@ -59,6 +65,15 @@ def test_drift_in_every_window_of_a_quarter_hour_is_critical() -> None:
     finding = next(iter(clocks.run(history, now, CONFIG).findings))
     assert finding.severity is Severity.CRITICAL
     assert finding.action is Action.INSPECT_HARDWARE
+
+
+def test_drift_for_a_quarter_hour_at_a_100ms_poll_is_critical_as_at_10s() -> None:
+    # 9000 polls: more than History's 4096 samples, which must still span the
+    # quarter hour (review F8: the window was cut to 6.8 minutes, a warning).
+    history, now = node(1400e6, polls=10 * 60 * 15 + 1, step=0.1)
+    assert len(history.gpu(5)) <= history.max_samples
+    finding = next(iter(clocks.run(history, now, CONFIG).findings))
+    assert finding.severity is Severity.CRITICAL
 
 
 def test_drift_that_began_a_few_minutes_ago_is_still_a_warning() -> None:

@@ -269,3 +269,15 @@ def test_the_daemon_warns_of_a_token_file_others_can_write(tmp_path: Path) -> No
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=10)
     assert f"the API token file {token} is open to other users (mode 0666); chmod 600" in stderr
+
+
+def test_a_fatal_signal_in_the_daemon_is_said_with_its_stack() -> None:
+    # As sqlite's SIGBUS on an unwritable -shm file would end it (review F4,
+    # row 186): not survivable in place, but not silent either.
+    port = _free_port()
+    process = _start("--simulate", "calm", "--listen", f"127.0.0.1:{port}")
+    _wait_for_poll(f"http://127.0.0.1:{port}", process)
+    process.send_signal(signal.SIGBUS)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGBUS
+    assert "Fatal Python error: Bus error" in stderr

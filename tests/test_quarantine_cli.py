@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import getpass
 import json
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +31,7 @@ from actions_support import (
 from click.testing import CliRunner, Result
 
 from gpuwatchd.cli import main
+from gpuwatchd.server import ApiConfig
 from gpuwatchd.store import Store
 
 OPERATOR = getpass.getuser()
@@ -258,3 +265,65 @@ def test_with_the_api_apart_metrics_serve_no_control_and_the_cli_finds_the_api(
         ) as response:
             assert "gpu:5" in [q["subject"] for q in json.load(response)["quarantines"]]
         assert 'subject="gpu:5"' in _quarantined(running)
+
+
+def test_the_api_on_a_unix_socket_is_group_only_and_the_cli_uses_it(tmp_path: Path) -> None:
+    # A short directory: a Unix socket's path is at most 107 bytes.
+    run = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    socket_path = run / "api.sock"
+    # A socket file left by a daemon that died is replaced.
+    with closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as dead:
+        dead.bind(str(socket_path))
+    config = write_config(
+        tmp_path / "gpuwatchd.yaml",
+        tmp_path / "state",
+        free_port(),
+        {"api": {"listen": f"unix:{socket_path}"}},
+    )
+    try:
+        with daemon_process(config) as running:
+            mode = socket_path.stat().st_mode
+            assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o660
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"{running.url}/api/v1/quarantines", timeout=5)
+            assert refused.value.code == 404
+            added = cli("quarantine", "add", "gpu:5", "--reason", "fan", "--config", str(config))
+            assert added.exit_code == 0, added.output
+            assert 'subject="gpu:5"' in _quarantined(running)
+            listed = cli("quarantine", "list", "--node", f"unix:{socket_path}")
+            assert listed.exit_code == 0, listed.output
+            assert "gpu:5" in listed.output
+            # A second daemon cannot take the socket of a live one.
+            second = write_config(
+                tmp_path / "second.yaml",
+                tmp_path / "state2",
+                free_port(),
+                {"api": {"listen": f"unix:{socket_path}"}},
+            )
+            taken = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuwatchd",
+                    "run",
+                    "--config",
+                    str(second),
+                    "--simulate",
+                    "calm",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert taken.returncode == 1
+            assert f"another process listens on {socket_path}" in taken.stderr
+        assert not socket_path.exists()
+    finally:
+        shutil.rmtree(run)
+
+
+def test_a_unix_socket_api_must_be_an_absolute_path_without_tls() -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        ApiConfig(listen="unix:api.sock")
+    with pytest.raises(ValueError, match="plain HTTP"):
+        ApiConfig(listen="unix:/run/x.sock", tls_cert_file="c.pem", tls_key_file="k.pem")

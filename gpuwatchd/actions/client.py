@@ -10,14 +10,16 @@ answers is `DaemonError`: the CLI reports both as they are.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import socket
 import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from gpuwatchd.actions.manual import check_on_node, node_subjects, resolve_subje
 from gpuwatchd.config import Config
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.policy import NODE
+from gpuwatchd.server import unix_socket_path
 from gpuwatchd.store import EventsOf, Store
 
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -70,6 +73,9 @@ class DaemonClient:
             headers["Content-Type"] = "application/json"
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
+        socket_path = unix_socket_path(self.url)
+        if socket_path is not None:
+            return self._send_unix(socket_path, method, path, data, headers)
         request = urllib.request.Request(
             f"{self.url.rstrip('/')}{path}", data=data, headers=headers, method=method
         )
@@ -80,7 +86,9 @@ class DaemonClient:
                 document: dict[str, Any] = json.load(response)
                 return document
         except urllib.error.HTTPError as error:
-            raise DaemonError(_error_text(error), error.code) from error
+            raise DaemonError(
+                _error_text(error.read, error.code, error.reason), error.code
+            ) from error
         except urllib.error.URLError as error:
             if isinstance(error.reason, ConnectionRefusedError):
                 raise DaemonDown(str(error.reason)) from error
@@ -88,12 +96,49 @@ class DaemonClient:
         except (OSError, ValueError) as error:
             raise DaemonUnreachable(str(error)) from error
 
+    def _send_unix(
+        self, socket_path: str, method: str, path: str, data: bytes | None, headers: dict[str, str]
+    ) -> dict[str, Any]:
+        """The request over the daemon's Unix socket (`api.listen: unix:<path>`)."""
+        connection = _UnixConnection(socket_path, self.timeout)
+        try:
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            body = response.read()
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            raise DaemonDown(f"nothing listens on {socket_path}: {error.strerror}") from error
+        except (OSError, http.client.HTTPException) as error:
+            raise DaemonUnreachable(f"{socket_path}: {error}") from error
+        finally:
+            connection.close()
+        if response.status >= 400:
+            text = _error_text(lambda: body, response.status, response.reason)
+            raise DaemonError(text, response.status)
+        try:
+            document: dict[str, Any] = json.loads(body)
+        except ValueError as error:
+            raise DaemonUnreachable(f"{socket_path}: not a JSON answer: {error}") from error
+        return document
 
-def _error_text(error: urllib.error.HTTPError) -> str:
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _error_text(read: Callable[[], bytes], code: int, reason: str) -> str:
     try:
-        return str(json.loads(error.read())["error"])
+        return str(json.loads(read())["error"])
     except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {error.code} {error.reason}"
+        return f"HTTP {code} {reason}"
 
 
 def subject_path(subject: str) -> str:

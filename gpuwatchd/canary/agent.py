@@ -169,7 +169,7 @@ class CanaryAgent:
         subjects out of service, which run no canaries (nor do GPUs this
         agent confirmed)."""
         now = self._clock.now()
-        self._samples = MappingProxyType({gpu.index: gpu for gpu in gpus if gpu.up})
+        self._samples = MappingProxyType({gpu.index: gpu for gpu in gpus if gpu.read})
         self._out_of_service = frozenset(quarantined) | frozenset(self._confirm.confirmed)
         if not self._config.enabled:
             return CanaryView((), self._stats)

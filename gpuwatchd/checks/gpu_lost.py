@@ -7,10 +7,12 @@ reboot, XID 79's remedy), and so is the node, since a reboot takes every GPU
 of it. A GPU that answers again clears the finding; its quarantine stays
 until an operator releases it.
 
-Two GPUs that are not lost but cannot be watched are said too: one that is
+Three GPUs that are not lost but cannot be watched are said too: one that is
 up but gave no value in the latest poll (every call answered an error such as
 TIMEOUT) is critical once that has held for policy's `confirm_for`, since no
-fault on it could be seen; one whose XID events are not being received (the
+fault on it could be seen; one whose read hung (an NVML call that did not
+return within the source's read timeout) warns, since a hang alone is no
+evidence of a fault; one whose XID events are not being received (the
 event wait keeps failing) warns, since faults the driver announces would be
 missed.
 
@@ -134,7 +136,17 @@ def run(
 
 def _unwatched(sample: GpuSample) -> Iterator[Finding]:
     subject = gpu_subject(sample.index)
-    if not sample.responsive:
+    if sample.read_hung is not None:
+        # A warning however long it lasts: a call stuck in the driver is no
+        # evidence of a fault on the GPU (see sources/nvml.py).
+        yield Finding(
+            subject=subject,
+            check=NAME,
+            code="gpu_read_hung",
+            severity=Severity.WARN,
+            message=f"GPU {sample.index} cannot be read: {sample.read_hung}",
+        )
+    elif not sample.responsive:
         yield Finding(
             subject=subject,
             check=NAME,

@@ -128,14 +128,15 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
     findings: list[Finding] = []
     for index in history.gpu_indices():
         latest = history.latest_gpu(index)
-        # A lost GPU has no links to read: the gpu_lost check speaks for it.
-        if latest is None or not latest.up:
+        # A lost GPU, or one whose read hung, has no links read: the gpu_lost
+        # check speaks for it.
+        if latest is None or not latest.read:
             continue
         track = history.gpu_track(index)
         first = track.at_or_before(now - config.window * config.storm_windows)
         recent = track.tail(first)
         window = [
-            (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.up
+            (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.read
         ]
         down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
         was_up = _seen_up(track.samples[:-1], down) if down else set()

@@ -50,6 +50,14 @@ Per generation, as HARDWARE-NOTES.md describes:
   every device call; a field-value batch still answers SUCCESS and carries the
   error in each field (nvml.h). The recovery action field answers from R570.
 - The event wait answers GPU_IS_LOST while a registered GPU is lost.
+- `hang(function, gpu)` makes a device call block until released, as calls
+  into a driver in trouble do: nvidia-smi stuck in uninterruptible sleep after
+  XID 45 (leptonai/gpud PR #117) or on a hung GPU (NVIDIA/gpu-monitoring-tools
+  #46: "the driver is hung"); DCGM calls blocking past 45 s on one GPU of a
+  GB200 node while other queries return at once (NVIDIA/DCGM #313); a
+  driver-facing call that blocks indefinitely, and blocks the monitor
+  restarted by its liveness probe again (NVIDIA/NVSentinel #1576). The other
+  GPUs answer meanwhile; once released, the call answers as it would have.
 
 docs/nvml-fidelity.md lists every behaviour with its source and certainty.
 
@@ -66,6 +74,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -282,6 +291,25 @@ class _Library:
     """Stands where nvidia-ml-py expects the loaded libnvidia-ml: one attribute per symbol."""
 
 
+class Hang:
+    """A device call made to block (`FakeNvml.hang`): `entered` is set once a
+    caller is blocked in it, `callers` are the threads that called it, and
+    `release()` lets every caller through."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.callers: list[threading.Thread] = []
+        self._released = threading.Event()
+
+    def block(self) -> None:
+        self.callers.append(threading.current_thread())
+        self.entered.set()
+        self._released.wait()
+
+    def release(self) -> None:
+        self._released.set()
+
+
 def _write_string(address: int | None, size: int, text: str) -> int:
     data = text.encode() + b"\0"
     if address is None or len(data) > size:
@@ -331,6 +359,8 @@ class FakeNvml:
         self._field_errors: dict[tuple[int, int | None, int | None], int] = {}
         # function -> (GPU, leading arguments) -> code
         self._call_errors: dict[str, dict[tuple[int | None, tuple[int, ...]], int]] = {}
+        # (function, GPU or None for every GPU) -> the hang its callers block in
+        self._hangs: dict[tuple[str, int | None], Hang] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = _EVENT_SET_BASE
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
@@ -418,10 +448,21 @@ class FakeNvml:
         `nvmlDeviceGetNvLinkErrorCounter`) return `code` for one link."""
         self.fail(code, function, gpu, args=(link,))
 
+    def hang(self, function: str, gpu: int | None = None) -> Hang:
+        """Make the device function `function` block on `gpu` (every GPU when
+        None) until the returned Hang is released; it then answers as usual."""
+        hang = Hang()
+        self._hangs[function, gpu] = hang
+        return hang
+
     def clear_failures(self) -> None:
+        """Forget every failure, and release and forget every hang."""
         self._errors.clear()
         self._field_errors.clear()
         self._call_errors.clear()
+        for hang in self._hangs.values():
+            hang.release()
+        self._hangs.clear()
 
     # -- the C entry points ---------------------------------------------------
 
@@ -446,6 +487,9 @@ class FakeNvml:
         gpu = self._index(args[0])
         if gpu is None:
             return _INVALID_ARGUMENT
+        hang = self._hangs.get((name, gpu)) or self._hangs.get((name, None))
+        if hang is not None:
+            hang.block()
         link = args[1] if name in _LINK_CALLS else None
         error = (
             self._gpu_error(gpu)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwatchd.model import Reading
+from gpuwatchd.settings import Seconds
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,14 @@ class NvmlSourceConfig:
     enabled: bool = True
     # Listen for XID critical errors through an NVML event set.
     xid_events: bool = True
+    # How long one GPU's read may take before the poll goes on without it and
+    # reports it unreadable (gpu_read_hung). A read is some hundred NVML calls
+    # of a millisecond or less; one stuck in the driver may never return.
+    read_timeout: Seconds = 5.0
+
+    def __post_init__(self) -> None:
+        if self.read_timeout <= 0:
+            raise ValueError("read_timeout must be more than 0s")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,9 @@ REFUSED_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP})
 # is garbage, and unbounded it breaks every float it meets.
 U64_MAX = 2**64 - 1
 _U64_DIGITS = len(str(U64_MAX))
+# The kernel prints a port's state and physical state as a u8 (struct
+# ib_port_attr: enum ib_port_state, u8 phys_state): a larger number is garbage.
+MAX_STATE = 255
 # Far above any link there is (12X XDR is 2400 Gb/s): a larger rate is garbage.
 MAX_RATE_GBPS = 100_000.0
 # Device names the daemon can name as a subject (`ib:<device>/<port>`) and an
@@ -117,8 +120,11 @@ def parse_state(text: str) -> tuple[int, str]:
     """`4: ACTIVE` -> (4, "ACTIVE")."""
     match = _STATE_RE.match(text)
     if match is None:
-        raise ValueError(f"not a state such as '4: ACTIVE': {text!r}")
-    return int(match.group(1)), match.group(2)
+        raise ValueError(f"not a state such as '4: ACTIVE': {_clipped(text)}")
+    digits = match.group(1)
+    if len(digits) > len(str(MAX_STATE)) or int(digits) > MAX_STATE:
+        raise ValueError(f"not a port state (above {MAX_STATE}): {_clipped(text)}")
+    return int(digits), match.group(2)
 
 
 def parse_rate(text: str) -> float:

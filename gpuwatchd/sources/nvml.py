@@ -41,12 +41,23 @@ are field values whose ids depend on the driver's branch (`counter_ids`).
 Temperature thresholds come from `nvmlDeviceGetTemperatureThreshold`, or from
 the T.Limit fields and the margin temperature where a driver refuses it.
 
-Hangs: an NVML call on a broken GPU can block inside the driver, and Python
-cannot interrupt a C call. `poll()` makes only cheap reads (one field-value
-batch per GPU, no sampling buffers), so a hang is a driver fault, contained
-by the daemon's watchdog: only the poll loop feeds systemd's watchdog, so a
-poll stuck in NVML stops the pings and systemd restarts the daemon. The XID
-thread's waits are bounded by their one-second timeout.
+Hangs: an NVML call on a GPU in trouble can block inside the driver for a
+long time or for good (nvidia-smi in uninterruptible sleep after XID 45,
+leptonai/gpud PR #117; DCGM calls blocking past 45 s on one GPU, NVIDIA/DCGM
+#313), and Python cannot interrupt a C call. So the GPUs are read one after
+another in a reader thread, and `poll()` waits for each read for
+`read_timeout` at most (by the daemon's clock). A read past it is given up:
+the GPU's sample says so (`GpuSample.read_hung`, its values absent), the
+reader stuck in it is left to return whenever the driver lets it (its result
+is dropped), and a new reader reads the other GPUs. While that call has not
+returned, no other read of the GPU is started (threads do not pile up on a
+stuck GPU); once it has, the GPU is read again at the next poll. A hang is
+not evidence of a hardware fault (the stall in DCGM #313 is on a GPU that
+works, and ends when its load does): a GPU that is lost says so by its
+answers, not by its silence. Restarting the daemon would not help either: a
+call stuck in the kernel stays stuck, and the restarted monitor blocks on it
+again (NVIDIA/NVSentinel #1576). The XID thread's waits are bounded by their
+one-second timeout.
 """
 
 from __future__ import annotations
@@ -423,6 +434,8 @@ class _Availability:
     lines at start-up bury the ones that matter."""
 
     def __init__(self) -> None:
+        # A reader the poll gave up on may still note what its call answered.
+        self._lock = threading.Lock()
         # (GPU, value, call) -> when to ask again (infinity: never).
         self._refused: dict[tuple[int, str, str], float] = {}
         self._logged: set[tuple[int, str, str]] = set()
@@ -430,37 +443,44 @@ class _Availability:
         self._unlogged: dict[tuple[str, int, str], dict[str, list[int]]] = {}
 
     def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
-        return self._refused.get((gpu, subject, source), -math.inf) > now
+        with self._lock:
+            return self._refused.get((gpu, subject, source), -math.inf) > now
 
     def answered(self, gpu: int, subject: str, source: str) -> None:
         """A value answers: if it had been refused, say that it is back."""
         key = (gpu, subject, source)
-        if self._refused.pop(key, None) is not None and key in self._logged:
-            self._logged.discard(key)
+        with self._lock:
+            back = self._refused.pop(key, None) is not None and key in self._logged
+            if back:
+                self._logged.discard(key)
+        if back:
             log.info("GPU %d: %s is read by %s again", gpu, subject, source)
 
     def note(self, gpu: int, subject: str, source: str, code: int, then: str, now: float) -> None:
         key = (gpu, subject, source)
-        if code in _PERMANENT_REFUSALS:
-            self._refused[key] = math.inf
-        elif code == _NOT_SUPPORTED:
-            self._refused[key] = now + REASK_REFUSED_S
-        if key in self._logged:
-            return
-        self._logged.add(key)
-        self._unlogged.setdefault((source, code, then), {}).setdefault(subject, []).append(gpu)
+        with self._lock:
+            if code in _PERMANENT_REFUSALS:
+                self._refused[key] = math.inf
+            elif code == _NOT_SUPPORTED:
+                self._refused[key] = now + REASK_REFUSED_S
+            if key in self._logged:
+                return
+            self._logged.add(key)
+            unlogged = self._unlogged.setdefault((source, code, then), {})
+            unlogged.setdefault(subject, []).append(gpu)
 
     def flush(self) -> None:
         """Log what was refused since the last flush: one line for the
         expected refusals (info), one for the errors (warning)."""
         by_level: dict[int, list[str]] = {}
-        for (source, code, then), values in self._unlogged.items():
+        with self._lock:
+            unlogged, self._unlogged = self._unlogged, {}
+        for (source, code, then), values in unlogged.items():
             level = logging.INFO if code in _REFUSALS else logging.WARNING
             for subject, gpus in values.items():
                 by_level.setdefault(level, []).append(
                     f"{subject} on GPU {_ranges(gpus)} ({source}: {_error_text(code)}; {then})"
                 )
-        self._unlogged.clear()
         for level, parts in sorted(by_level.items()):
             log.log(level, "values not read: %s", "; ".join(parts))
 
@@ -502,16 +522,78 @@ class _Gpu:
         self.polls_since_probe = 0
         self.xid_counts: Counter[int] = Counter()
         self.up = True
+        # The NVML function the GPU's read is in, and the read the poll gave
+        # up on while its call has not returned.
+        self.calling: str | None = None
+        self.stuck: _Job | None = None
 
     def down_sample(self) -> GpuSample:
+        return self._unread_sample(up=False)
+
+    def hung_sample(self, reason: str) -> GpuSample:
+        return self._unread_sample(up=True, responsive=False, read_hung=reason)
+
+    def _unread_sample(self, **state: Any) -> GpuSample:
         return GpuSample(
             index=self.index,
-            up=False,
             uuid=self.identity.get("uuid"),
             name=self.identity.get("name"),
             pci_bus_id=self.identity.get("pci_bus_id"),
             xid_counts=dict(self.xid_counts),
+            **state,
         )
+
+
+class _Job:
+    """One read of one GPU, done by a reader thread for the poll."""
+
+    def __init__(self, gpu: _Gpu, read: Callable[[], GpuSample], started: float) -> None:
+        self.gpu = gpu
+        self.started = started
+        self.done = threading.Event()
+        self.sample: GpuSample | None = None
+        # The call the poll gave up in, once it has.
+        self.given_up_in: str | None = None
+        self.lost: str | None = None
+        self.error: Exception | None = None
+        self._read = read
+
+    def run(self) -> None:
+        try:
+            self.sample = self._read()
+        except _GpuLost as lost:
+            self.lost = lost.reason
+        except Exception as error:  # re-raised in the poll's thread
+            self.error = error
+        finally:
+            if self.gpu.stuck is self:
+                log.warning(
+                    "GPU %d: %s returned after the read was given up; reading it again",
+                    self.gpu.index,
+                    self.given_up_in,
+                )
+                self.gpu.stuck = None
+            self.done.set()
+
+
+class _Reader:
+    """A thread that does the reads it is given, one at a time, until it is
+    closed or given up (it then ends after the read it is stuck in)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gpuwatchd-nvml", daemon=True)
+        self._thread.start()
+
+    def read(self, job: _Job) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job.run()
 
 
 class _GpuRead:
@@ -536,6 +618,7 @@ class _GpuRead:
         if wrapper is None:
             self._refused(subject, function, _FUNCTION_NOT_FOUND, then)
             return None
+        self.gpu.calling = function
         try:
             value = wrapper(self.gpu.handle, *args)
         except pynvml.NVMLError as error:
@@ -827,9 +910,10 @@ def _probe_code(call: Callable[[], int]) -> int:
     return code
 
 
-def _succeeds(function: str, *args: Any) -> Callable[[], int]:
+def _succeeds(gpu: _Gpu, function: str, *args: Any) -> Callable[[], int]:
     def call() -> int:
-        getattr(pynvml, function)(*args)
+        gpu.calling = function
+        getattr(pynvml, function)(gpu.handle, *args)
         return _SUCCESS
 
     return call
@@ -843,7 +927,7 @@ def _discover_links(gpu: _Gpu) -> None:
     discovery open, to be done again at the next poll."""
     links, settled = [], True
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        code = _probe_code(_succeeds("nvmlDeviceGetNvLinkState", gpu.handle, link))
+        code = _probe_code(_succeeds(gpu, "nvmlDeviceGetNvLinkState", link))
         if code in _NO_SUCH_LINK:
             continue
         if code == _SUCCESS:
@@ -867,6 +951,7 @@ def _field_codes(gpu: _Gpu, names: Mapping[str, str], links: Sequence[int]) -> d
     codes: dict[str, set[int]] = {kind: set() for kind, _, _ in wanted}
     if not wanted:
         return codes
+    gpu.calling = "nvmlDeviceGetFieldValues"
     try:
         values = pynvml.nvmlDeviceGetFieldValues(gpu.handle, [(f, link) for _, f, link in wanted])
         answers = [int(value.nvmlReturn) for value in values]
@@ -884,7 +969,7 @@ def _counter_codes(
 ) -> dict[str, set[int]]:
     return {
         kind: {
-            _probe_code(_succeeds("nvmlDeviceGetNvLinkErrorCounter", gpu.handle, link, counter))
+            _probe_code(_succeeds(gpu, "nvmlDeviceGetNvLinkErrorCounter", link, counter))
             for link in links
         }
         for kind, counter in counters.items()
@@ -1183,6 +1268,8 @@ class NvmlSource:
 
     def __init__(self, clock: Clock, config: NvmlSourceConfig, xid_thread: bool = True) -> None:
         self._clock = clock
+        self._read_timeout = config.read_timeout
+        self._reader: _Reader | None = None
         _start_nvml()
         try:
             count = pynvml.nvmlDeviceGetCount()
@@ -1214,22 +1301,21 @@ class NvmlSource:
             log.info("driver version not read (%s)", error)
             return None
 
-    def _acquire(self, gpu: _Gpu) -> bool:
-        """Whether the GPU has a handle, getting one when it has none yet."""
+    @staticmethod
+    def _acquire(gpu: _Gpu) -> None:
+        """Get the GPU a handle when it has none yet; _GpuLost when it cannot."""
         if gpu.handle is None:
+            gpu.calling = "nvmlDeviceGetHandleByIndex"
             try:
                 gpu.handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
             except pynvml.NVMLError as error:
-                self._mark_down(gpu, f"nvmlDeviceGetHandleByIndex: {error}")
-                return False
-        return True
+                raise _GpuLost(f"nvmlDeviceGetHandleByIndex: {error}") from error
 
     def _identify(self, gpu: _Gpu) -> None:
         """Read identity up front, so that the first XIDs carry the UUID."""
-        if not self._acquire(gpu):
-            return
-        read = _GpuRead(gpu, self._availability, self._clock.now())
         try:
+            self._acquire(gpu)
+            read = _GpuRead(gpu, self._availability, self._clock.now())
             _read_identity(read)
             read.finish()
         except _GpuLost as lost:
@@ -1250,13 +1336,30 @@ class NvmlSource:
         )
 
     def _sample(self, gpu: _Gpu, now: float) -> GpuSample:
-        if not self._acquire(gpu):
+        stuck = gpu.stuck
+        if stuck is not None:
+            if not stuck.done.is_set():
+                return gpu.hung_sample(
+                    f"{stuck.given_up_in} has not returned for {now - stuck.started:.0f}s; "
+                    "not read again until it does"
+                )
+            gpu.stuck = None
+        job = _Job(gpu, lambda: self._read(gpu, now), now)
+        if self._reader is None:
+            self._reader = _Reader()
+        # The deadline is set before the read starts: a clock that moves
+        # while it runs (a test's, once the read is stuck) counts against it.
+        deadline = self._clock.now() + self._read_timeout
+        self._reader.read(job)
+        if not self._clock.wait_until(job.done, deadline):
+            return self._give_up(job)
+        if job.error is not None:
+            raise job.error
+        if job.lost is not None:
+            self._mark_down(gpu, job.lost)
             return gpu.down_sample()
-        try:
-            sample = self._read(gpu, now)
-        except _GpuLost as lost:
-            self._mark_down(gpu, lost.reason)
-            return gpu.down_sample()
+        assert job.sample is not None
+        sample = job.sample
         if not gpu.up:
             log.warning("GPU %d (%s) answers again", gpu.index, gpu.identity.get("uuid"))
             gpu.up = True
@@ -1264,7 +1367,27 @@ class NvmlSource:
                 self._xids.register_again()
         return sample
 
+    def _give_up(self, job: _Job) -> GpuSample:
+        """Leave the reader stuck in `job` to return when the driver lets it
+        (the other GPUs get a new one), and report its GPU unreadable."""
+        gpu = job.gpu
+        job.given_up_in = gpu.calling
+        gpu.stuck = job
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        log.warning(
+            "GPU %d (%s): %s has not returned after %gs; reporting the GPU unreadable "
+            "and reading the others",
+            gpu.index,
+            gpu.identity.get("uuid", "uuid unknown"),
+            job.given_up_in,
+            self._read_timeout,
+        )
+        return gpu.hung_sample(f"{job.given_up_in} has not returned within {self._read_timeout:g}s")
+
     def _read(self, gpu: _Gpu, now: float) -> GpuSample:
+        self._acquire(gpu)
         read = _GpuRead(gpu, self._availability, now)
         _read_identity(read)
         sample: dict[str, Any] = dict(gpu.identity)
@@ -1304,8 +1427,18 @@ class NvmlSource:
         if self._closed:
             return
         self._closed = True
+        if self._reader is not None:
+            self._reader.close()
         if self._xids is not None:
             self._xids.close()
+        stuck = [gpu.index for gpu in self._gpus if gpu.stuck and not gpu.stuck.done.is_set()]
+        if stuck:
+            # Shutting NVML down under a call in progress could pull its state
+            # from under the driver; the process ends anyway.
+            log.warning(
+                "NVML calls on GPU(s) %s have not returned; NVML is left as it is", _ranges(stuck)
+            )
+            return
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as error:
