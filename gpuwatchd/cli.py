@@ -266,7 +266,7 @@ def _listen(
     try:
         server = StatusServer(
             parse_listen(listen),
-            daemon.registry,
+            daemon.metrics,
             lambda: daemon.snapshot,
             max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
             clock_now=clock.now,
