@@ -4,6 +4,9 @@ Usage:
 
     python bench/bench_node.py [--polls 120] [--scrapes 200]
 
+(bench/run.py measures all of this and more, on 1 to 16 GPUs, with the
+history full; it builds its node with `node_run` from here.)
+
 Builds the production daemon over a simulated HGX node (8 x H100, 18 NVLinks
 each, 8 HCAs; the default scenario's faults, so findings and quarantines are
 in play) on an injected clock, then measures:
@@ -23,10 +26,13 @@ their own duty budget (bench/bench_canary.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -38,6 +44,50 @@ from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.sim.node import SimulatedNode
+
+
+@dataclass
+class NodeRun:
+    """The production daemon over a simulated node, on an injected clock; the
+    simulator moves outside the timed part (writing its sysfs tree is not the
+    daemon's cost)."""
+
+    daemon: Daemon
+    node: SimulatedNode
+    clock: FakeClock
+    config: Config
+
+    def poll(self) -> tuple[float, float]:
+        """One poll: (CPU seconds of the polling thread, wall seconds)."""
+        self.node.advance(self.clock.now())
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self.daemon.step()
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        self.clock.advance(self.config.daemon.poll_interval)
+        return cpu, wall
+
+
+@contextlib.contextmanager
+def node_run(root: Path, scenario: scenarios.Scenario) -> Iterator[NodeRun]:
+    """`scenario`'s node under `root`, read by NVML and InfiniBand sources."""
+    config = Config(daemon=DaemonConfig(state_dir=str(root / "state")))
+    config = config.only_sources(("nvml", "infiniband"))
+    clock = FakeClock()
+    config, node = simulate(config, clock, scenario, root / "sysfs")
+    daemon = Daemon(config, build_sources(config, clock, xid_thread=False), clock)
+    try:
+        yield NodeRun(daemon, node, clock, config)
+    finally:
+        daemon.close()
+        node.uninstall()
+
+
+def series_by_family(body: bytes) -> Counter[str]:
+    series: Counter[str] = Counter()
+    for family in text_string_to_metric_families(body.decode()):
+        series[family.name] += len(family.samples)
+    return series
 
 
 def _report(label: str, durations: list[float]) -> float:
@@ -53,42 +103,28 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=200)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        config = Config(daemon=DaemonConfig(state_dir=str(root / "state")))
-        config = config.only_sources(("nvml", "infiniband"))
-        clock = FakeClock()
-        config, node = simulate(config, clock, scenarios.load("default"), root / "sysfs")
-        # The simulator moves outside the timed part: writing its sysfs tree
-        # is not the daemon's cost.
-        daemon = Daemon(config, build_sources(config, clock, xid_thread=False), clock)
-        polls: list[float] = []
-        for _ in range(args.polls):
-            node.advance(clock.now())
-            started = time.perf_counter()
-            daemon.step()
-            polls.append(time.perf_counter() - started)
-            clock.advance(config.daemon.poll_interval)
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        node_run(Path(scratch), scenarios.load("default")) as run,
+    ):
+        polls = [run.poll()[1] for _ in range(args.polls)]
         scrapes: list[float] = []
         body = b""
         for _ in range(args.scrapes):
             started = time.perf_counter()
-            body = generate_latest(daemon.registry)
+            body = generate_latest(run.daemon.registry)
             scrapes.append(time.perf_counter() - started)
         rss = psutil.Process().memory_info().rss
-        daemon.close()
-        node.uninstall()
+        interval = run.config.daemon.poll_interval
 
     poll = _report("one poll (sources+checks+policy+db)", polls)
     _report("one scrape (render /metrics)", scrapes)
-    per_hour = poll * 3600 / config.daemon.poll_interval
+    per_hour = poll * 3600 / interval
     print(
-        f"CPU for polling at {config.daemon.poll_interval:g}s: {per_hour:.1f} s/hour "
+        f"CPU for polling at {interval:g}s: {per_hour:.1f} s/hour "
         f"({per_hour / 36:.3f} % of one core)"
     )
-    series: Counter[str] = Counter()
-    for family in text_string_to_metric_families(body.decode()):
-        series[family.name] += len(family.samples)
+    series = series_by_family(body)
     print(
         f"series per node: {sum(series.values())}, scrape size {len(body) / 1024:.0f} KiB, "
         f"resident memory {rss / 2**20:.0f} MiB"
