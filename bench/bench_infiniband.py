@@ -9,10 +9,11 @@ Writes the sysfs tree of a simulated HGX node (8 ConnectX-7 HCAs, one 400G
 NDR port each, some minutes into a training run) to a temporary folder, then
 times in the same run:
 
-- gpuwatchd in process: `InfinibandSource.poll` plus prometheus_client's
-  `generate_latest` over a registry holding a collector that renders
-  `gpuwatchd.export.infiniband.families`, and each half alone (the daemon
-  reads once per poll and renders a held snapshot per scrape);
+- gpuwatchd in process: `InfinibandSource.poll` plus the daemon's encoding
+  (gpuwatchd.encoding, in the text format) of
+  `gpuwatchd.export.infiniband.families`, and each part alone (the daemon
+  reads once per poll and encodes the page once per poll), and the same
+  render by prometheus_client's `generate_latest`;
 - gpuwatchd over HTTP: the same collector served by prometheus_client on
   loopback, one read and render per scrape; and the daemon's own listener
   serving a held snapshot's page, encoded once and cached (as the daemon
@@ -43,6 +44,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatchd.encoding import encode
 from gpuwatchd.export.infiniband import families
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.server import StatusServer
@@ -200,7 +202,7 @@ def measure(rounds: int, node_exporter_path: str, report: bool = True) -> dict[s
                 )
             figures["read_render"] = show(
                 "gpuwatchd read + render, in process",
-                timed(rounds, lambda: generate_latest(registry)),
+                timed(rounds, lambda: encode(families(snapshot_of(source)), False)),
             )
             # The daemon reads once per poll and encodes the page once per
             # poll (cached for every scrape); these are its parts.
@@ -211,10 +213,14 @@ def measure(rounds: int, node_exporter_path: str, report: bool = True) -> dict[s
                 "  of which the families (no encoding)",
                 timed(rounds, lambda: families(snapshot)),
             )
+            figures["render"] = show(
+                "  of which the render (families + encoding)",
+                timed(rounds, lambda: encode(families(snapshot), False)),
+            )
             held = CollectorRegistry(auto_describe=False)
             held.register(Held(snapshot))
-            figures["render"] = show(
-                "  of which the render (held snapshot)",
+            figures["render_library"] = show(
+                "  (the render by prometheus_client's encoder)",
                 timed(rounds, lambda: generate_latest(held)),
             )
             figures["http_read_render"] = show(

@@ -21,12 +21,19 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import (
+    CONTENT_TYPE_LATEST,
+    CONTENT_TYPE_PLAIN_0_0_4,
+    choose_encoder,
+)
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_LATEST
+from prometheus_client.openmetrics.exposition import UNDERSCORES
 from prometheus_client.registry import Collector
 
 from gpuwatchd import __version__
 from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
+from gpuwatchd.encoding import encode
 from gpuwatchd.export import actions, gpu, health, infiniband
 from gpuwatchd.snapshot import Snapshot
 
@@ -94,9 +101,18 @@ class SnapshotCollector(Collector):
 Encoder = Callable[[Collector], bytes]
 
 # The OpenMetrics encoder closes the page with this line; the Snapshot's part
-# is cached without it, and the live part, encoded last, brings it.
+# is cached without it, and the live part, encoded last, brings it (a text
+# format page has no such line: nothing to remove).
 OPENMETRICS_EOF = b"# EOF\n"
-OPENMETRICS = "application/openmetrics-text"
+# The formats gpuwatchd.encoding writes as prometheus_client would (by content
+# type, as choose_encoder names them: underscore escaping, OpenMetrics 1.0.0):
+# True for OpenMetrics. Any other is left to prometheus_client's encoder.
+LEAN_FORMATS = {
+    CONTENT_TYPE_PLAIN_0_0_4: False,
+    f"{CONTENT_TYPE_LATEST}; escaping={UNDERSCORES}": False,
+    OPENMETRICS_LATEST: True,
+    f"{OPENMETRICS_LATEST}; escaping={UNDERSCORES}": True,
+}
 # A format scraped within this many Snapshots is encoded as soon as the next
 # one is published (prerender), so that its scrape only sends bytes: Prometheus
 # scraping every 30 s a daemon polling every 10 s still finds its page ready,
@@ -185,8 +201,11 @@ class MetricsPage:
     def _held(self, snapshot: Snapshot, encoder: Encoder, content_type: str) -> bytes:
         body = self._encoded.get(content_type)
         if body is None:
-            body = encoder(SnapshotCollector(lambda: snapshot, self._renderers))
-            if content_type.startswith(OPENMETRICS):
-                body = body.removesuffix(OPENMETRICS_EOF)
+            collector = SnapshotCollector(lambda: snapshot, self._renderers)
+            openmetrics_format = LEAN_FORMATS.get(content_type)
+            if openmetrics_format is not None:
+                body = encode(collector.collect(), openmetrics_format)
+            else:
+                body = encoder(collector).removesuffix(OPENMETRICS_EOF)
             self._encoded[content_type] = body
         return body
