@@ -9,8 +9,10 @@ sysfs tree for InfiniBand) on an injected clock:
 
 - poll CPU (the polling thread's) and wall time, median and p99, on 1, 4, 8
   and 16 GPUs (18 NVLinks each, 8 HCAs), with the history full;
-- on 8 GPUs: the /metrics render (the page encoded once per poll, uncached)
-  and a scrape from the cache, in process and over HTTP on loopback;
+- on 8 GPUs: the /metrics render (the page encoded once per poll, uncached,
+  in OpenMetrics, which prometheus_client answers Prometheus' Accept header
+  with, and in the text format) and a scrape from the cache, in process and
+  over HTTP on loopback;
   series and bytes of the page (all shapes);
 - resident memory after `--rss-polls` polls in a fresh process, and its
   growth once the history is full;
@@ -51,6 +53,7 @@ from bench_canary import burst_requests
 from bench_infiniband import measure as measure_infiniband
 from bench_node import NodeRun, node_run, series_by_family
 from prometheus_client import generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.runner import run_burst
@@ -183,7 +186,9 @@ def scrape(url: str) -> bytes:
 def page_figures(run: NodeRun, sizes: Sizes) -> dict[str, Any]:
     """The /metrics render and scrape of the node as it stands."""
     daemon = run.daemon
-    uncached = timed_cpu(sizes.scrapes, lambda: generate_latest(daemon.registry))
+    encoder, _ = choose_encoder(PROMETHEUS_ACCEPT)
+    uncached = timed_cpu(sizes.scrapes, lambda: encoder(daemon.registry))
+    text = timed_cpu(sizes.scrapes, lambda: generate_latest(daemon.registry))
     daemon.metrics.prerender()
     daemon.metrics.render(PROMETHEUS_ACCEPT)
     cached = timed_cpu(sizes.scrapes, lambda: daemon.metrics.render(PROMETHEUS_ACCEPT))
@@ -197,6 +202,7 @@ def page_figures(run: NodeRun, sizes: Sizes) -> dict[str, Any]:
         server.stop()
     return {
         "render_uncached": spread(uncached),
+        "render_uncached_text": spread(text),
         "scrape_cached": spread(cached),
         "http_scrape_cached": spread(http),
     }
@@ -409,7 +415,8 @@ def rows(results: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         yield f"page, {gpus} GPU(s): series, bytes", f"{shape['series']}, {shape['bytes']}", ""
     main = shapes[str(MAIN_SHAPE)]
     for key, label, target in (
-        ("render_uncached", "render (once per poll), CPU", ""),
+        ("render_uncached", "render (once per poll), OpenMetrics, CPU", ""),
+        ("render_uncached_text", "render in text 0.0.4 (curl), CPU", ""),
         ("scrape_cached", "scrape from the cache, CPU", "≤ 3 ms"),
         ("http_scrape_cached", "HTTP scrape on loopback, wall", "≤ 3 ms"),
     ):
