@@ -52,6 +52,7 @@ from typing import Any
 import psutil
 from bench_canary import burst_requests
 from bench_infiniband import measure as measure_infiniband
+from bench_infiniband import timed
 from bench_node import NodeRun, node_run, series_by_family
 from prometheus_client.exposition import choose_encoder
 
@@ -156,21 +157,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def timed_cpu(rounds: int, action: Callable[[], object]) -> list[float]:
-    durations = []
-    for _ in range(rounds):
-        started = time.thread_time()
-        action()
-        durations.append(time.thread_time() - started)
-    return durations
-
-
-def timed_wall(rounds: int, action: Callable[[], object]) -> list[float]:
-    durations = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        action()
-        durations.append(time.perf_counter() - started)
-    return durations
+    return timed(rounds, action, time.thread_time)
 
 
 def shape_scenario(gpus: int) -> scenarios.Scenario:
@@ -204,7 +191,7 @@ def page_figures(run: NodeRun, sizes: Sizes) -> dict[str, Any]:
     )
     server.start()
     try:
-        http = timed_wall(sizes.scrapes, lambda: scrape(f"{server.url}/metrics"))
+        http = timed(sizes.scrapes, lambda: scrape(f"{server.url}/metrics"))
     finally:
         server.stop()
     return {
