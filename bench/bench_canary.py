@@ -112,6 +112,20 @@ def host_steps(
     return (lambda: None), None, lambda: None  # HBM: patterns made and checked on the device
 
 
+def burst_requests(config: CanaryConfig) -> tuple[BurstRequest, BurstRequest]:
+    """A simulated GPU's burst (the CPU backend standing in, as on a simulated
+    node) and the host cores' burst, as the default schedule runs them."""
+    gpu = BurstRequest(
+        "cpu",
+        default_suite("cpu", config.seed, config.seed, config.hbm_bytes),
+        gpu=0,
+        stand_in_model="simulated H100",
+        stand_in_sm_count=132,
+    )
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    return gpu, BurstRequest("cpu", host_suite(config.seed), cpu_cores=cores)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
@@ -123,13 +137,7 @@ def main() -> None:
     repeat = args.repeat
     config = CanaryConfig()
     clock = SystemClock()
-    gpu = BurstRequest(
-        "cpu",
-        default_suite("cpu", config.seed, config.seed, config.hbm_bytes),
-        gpu=0,
-        stand_in_model="simulated H100",
-        stand_in_sm_count=132,
-    )
+    gpu, host = burst_requests(config)
     run_in_process(gpu, timeout=config.timeout, clock=clock)  # warm the reference cache
 
     per_canary: dict[str, list[float]] = {}
@@ -140,8 +148,7 @@ def main() -> None:
         for result in outcome.results:
             per_canary.setdefault(result.canary, []).append(result.duration_seconds)
     worker = timed(lambda: run_burst(gpu, timeout=config.timeout, clock=clock), max(3, repeat // 3))
-    cores = tuple(sorted(os.sched_getaffinity(0)))
-    host = BurstRequest("cpu", host_suite(config.seed), cpu_cores=cores)
+    cores = host.cpu_cores
     host_burst = timed(lambda: run_burst(host, timeout=config.timeout, clock=clock), 3)
 
     burst = statistics.median(bursts)

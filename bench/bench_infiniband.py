@@ -9,18 +9,23 @@ Writes the sysfs tree of a simulated HGX node (8 ConnectX-7 HCAs, one 400G
 NDR port each, some minutes into a training run) to a temporary folder, then
 times in the same run:
 
-- gpuwatchd in process: `InfinibandSource.poll` plus prometheus_client's
-  `generate_latest` over a registry holding a collector that renders
-  `gpuwatchd.export.infiniband.families`, and each half alone (the daemon
-  reads once per poll and renders a held snapshot per scrape);
+- gpuwatchd in process: `InfinibandSource.poll` plus the daemon's encoding
+  (gpuwatchd.encoding, in the text format) of
+  `gpuwatchd.export.infiniband.families`, and each part alone (the daemon
+  reads once per poll and encodes the page once per poll), and the same
+  render by prometheus_client's `generate_latest`;
 - gpuwatchd over HTTP: the same collector served by prometheus_client on
-  loopback, one read and render per scrape;
+  loopback, one read and render per scrape; and the daemon's own listener
+  serving a held snapshot's page, encoded once and cached (as the daemon
+  serves between polls);
 - node_exporter over HTTP: `--collector.disable-defaults --collector.infiniband
   --path.sysfs=<tree> --web.disable-exporter-metrics` on loopback, with the
   collector's own `node_scrape_collector_duration_seconds` as well.
 
 Prints the median and 90th percentile of each and the ratios gpuwatchd /
-node_exporter (HTTP against HTTP, in process against node_exporter's collector).
+node_exporter (HTTP against HTTP, in process against node_exporter's
+collector, whose time leaves out the encoding: "read + families" is the
+like-for-like figure). bench/run.py takes its figures from `measure`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwatchd.encoding import encode
 from gpuwatchd.export.infiniband import families
+from gpuwatchd.exporter import MetricsPage
+from gpuwatchd.server import StatusServer
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
 from gpuwatchd.snapshot import Snapshot
@@ -107,14 +115,17 @@ def wait_for(url: str) -> None:
     raise SystemExit(f"nothing answered at {url}")
 
 
-def timed(rounds: int, action: Callable[[], object]) -> list[float]:
+def timed(
+    rounds: int, action: Callable[[], object], clock: Callable[[], float] = time.perf_counter
+) -> list[float]:
+    """`rounds` durations of `action` by `clock` (wall time unless told), after a warm-up."""
     for _ in range(WARMUP):
         action()
     durations = []
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         action()
-        durations.append(time.perf_counter() - start)
+        durations.append(clock() - start)
     return durations
 
 
@@ -140,24 +151,32 @@ def summary(label: str, durations: list[float]) -> float:
     return median
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
-    arguments = parser.parse_args()
+def held_page(snapshot: Snapshot) -> MetricsPage:
+    """The daemon's /metrics for `snapshot` with the InfiniBand families only:
+    encoded once, then served as bytes."""
+    return MetricsPage(lambda: snapshot, renderers=(families,))
+
+
+def measure(rounds: int, node_exporter_path: str, report: bool = True) -> dict[str, float]:
+    """Medians in seconds (and series counts) of each way of reading and
+    rendering the tree, side by side with node_exporter; printed when `report`."""
+    show = summary if report else (lambda label, durations: statistics.median(durations))
     with tempfile.TemporaryDirectory(prefix="gpuwatchd-bench-ib-") as directory:
         root = Path(directory)
         SimulatedFabric(parse(SCENARIO), root, 0.0).advance(600.0)
         source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(root)))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(ReadAndRender(source))
-
+        snapshot = snapshot_of(source)
+        page = held_page(snapshot)
+        daemon_like = StatusServer(("127.0.0.1", 0), page, lambda: snapshot, 3600.0, time.time)
+        daemon_like.start()
         ours_port = free_loopback_port()
         server, thread = start_http_server(ours_port, addr="127.0.0.1", registry=registry)
         ours_url = f"http://127.0.0.1:{ours_port}/metrics"
         theirs_url = f"http://127.0.0.1:{free_loopback_port()}/metrics"
         command = [
-            arguments.node_exporter,
+            node_exporter_path,
             "--collector.disable-defaults",
             "--collector.infiniband",
             f"--path.sysfs={root}",
@@ -172,46 +191,81 @@ def main() -> None:
             wait_for(theirs_url)
             ours_text = generate_latest(registry).decode()
             theirs_text = fetch(theirs_url)
-            print(
-                f"8 HCAs: gpuwatchd {infiniband_series(ours_text, 'gpuwatchd_infiniband_')} "
-                f"series ({len(ours_text)} bytes), node_exporter "
-                f"{infiniband_series(theirs_text, 'node_infiniband_')} series "
-                f"({len(theirs_text)} bytes); {arguments.rounds} rounds each\n"
-            )
-            in_process = summary(
+            figures = {
+                "series": float(infiniband_series(ours_text, "gpuwatchd_infiniband_")),
+                "bytes": float(len(ours_text)),
+                "node_exporter_series": float(infiniband_series(theirs_text, "node_infiniband_")),
+                "node_exporter_bytes": float(len(theirs_text)),
+            }
+            if report:
+                print(
+                    f"8 HCAs: gpuwatchd {figures['series']:.0f} series ({len(ours_text)} bytes), "
+                    f"node_exporter {figures['node_exporter_series']:.0f} series "
+                    f"({len(theirs_text)} bytes); {rounds} rounds each\n"
+                )
+            figures["read_render"] = show(
                 "gpuwatchd read + render, in process",
-                timed(arguments.rounds, lambda: generate_latest(registry)),
+                timed(rounds, lambda: encode(families(snapshot_of(source)), False)),
             )
-            # The daemon reads once per poll and renders its held snapshot per
-            # scrape; these are the two halves.
-            summary("  of which the read (poll)", timed(arguments.rounds, lambda: source.poll(0.0)))
+            # The daemon reads once per poll and encodes the page once per
+            # poll (cached for every scrape); these are its parts.
+            figures["read"] = show(
+                "  of which the read (poll)", timed(rounds, lambda: source.poll(0.0))
+            )
+            figures["build"] = show(
+                "  of which the families (no encoding)",
+                timed(rounds, lambda: families(snapshot)),
+            )
+            figures["render"] = show(
+                "  of which the render (families + encoding)",
+                timed(rounds, lambda: encode(families(snapshot), False)),
+            )
             held = CollectorRegistry(auto_describe=False)
-            held.register(Held(snapshot_of(source)))
-            summary(
-                "  of which the render (held snapshot)",
-                timed(arguments.rounds, lambda: generate_latest(held)),
+            held.register(Held(snapshot))
+            figures["render_library"] = show(
+                "  (the render by prometheus_client's encoder)",
+                timed(rounds, lambda: generate_latest(held)),
             )
-            ours_http = summary(
-                "gpuwatchd scrape over HTTP", timed(arguments.rounds, lambda: fetch(ours_url))
+            figures["http_read_render"] = show(
+                "gpuwatchd scrape over HTTP, read + render",
+                timed(rounds, lambda: fetch(ours_url)),
+            )
+            figures["http_cached"] = show(
+                "gpuwatchd scrape over HTTP, page cached per poll",
+                timed(rounds, lambda: fetch(f"{daemon_like.url}/metrics")),
             )
             scrapes: list[str] = []
-            theirs_http = summary(
+            figures["node_exporter_http"] = show(
                 "node_exporter scrape over HTTP",
-                timed(arguments.rounds, lambda: scrapes.append(fetch(theirs_url))),
+                timed(rounds, lambda: scrapes.append(fetch(theirs_url))),
             )
-            collector = summary(
+            figures["node_exporter_collector"] = show(
                 "node_exporter infiniband collector (self-reported)",
-                [collector_seconds(text) for text in scrapes[-arguments.rounds :]],
+                [collector_seconds(text) for text in scrapes[-rounds:]],
             )
         finally:
             node_exporter.terminate()
             node_exporter.wait(timeout=10)
             server.shutdown()
             thread.join(timeout=10)
-        print(
-            f"\nratio gpuwatchd / node_exporter: HTTP scrape {ours_http / theirs_http:.2f}x, "
-            f"read + render vs collector {in_process / collector:.2f}x"
-        )
+            daemon_like.stop()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
+    arguments = parser.parse_args()
+    figures = measure(arguments.rounds, arguments.node_exporter)
+    collector = figures["node_exporter_collector"]
+    print(
+        f"\nratio gpuwatchd / node_exporter: HTTP scrape "
+        f"{figures['http_read_render'] / figures['node_exporter_http']:.2f}x read + render per "
+        f"scrape, {figures['http_cached'] / figures['node_exporter_http']:.2f}x page cached; "
+        f"read + render vs collector {figures['read_render'] / collector:.2f}x, "
+        f"read + families vs collector {(figures['read'] + figures['build']) / collector:.2f}x"
+    )
 
 
 if __name__ == "__main__":

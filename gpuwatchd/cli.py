@@ -282,7 +282,7 @@ def _listen(
     try:
         server = kind(
             parse_listen(listen) if socket_path is None else socket_path,
-            daemon.registry,
+            daemon.metrics,
             lambda: daemon.snapshot,
             max_poll_age_seconds=3 * config.daemon.poll_interval + 30,
             clock_now=clock.now,

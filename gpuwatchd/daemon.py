@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.actions.scheduler import DRAIN_NOTE
@@ -31,7 +31,7 @@ from gpuwatchd.checks.infiniband import learned_ports
 from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
-from gpuwatchd.exporter import make_registry
+from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.history import History
 from gpuwatchd.model import Decision, Finding, GpuSample, Quarantine, Reading, Severity
 from gpuwatchd.notify import Notifier
@@ -186,13 +186,13 @@ class Daemon:
         self._snapshot = Snapshot(
             time=now, quarantines=self.state.quarantines, webhooks=webhooks, schedulers=schedulers
         )
-        self.registry: CollectorRegistry
-        self._poll_duration: Histogram
-        self.registry, self._poll_duration = make_registry(lambda: self._snapshot)
+        self.metrics = MetricsPage(lambda: self._snapshot)
+        # The whole page uncached, for whoever renders it with prometheus_client.
+        self.registry: CollectorRegistry = self.metrics.registry
         self._refused_total = Counter(
             "gpuwatchd_api_refused_requests",
             "Control API writes refused (no or a wrong token), journaled or not.",
-            registry=self.registry,
+            registry=self.metrics.live,
         )
         self._refused_lock = threading.Lock()
         self._refused_window = -math.inf
@@ -481,7 +481,7 @@ class Daemon:
         self._polls += 1
         snapshot = self._decide(readings, now)
         self._prune_journal(now)
-        self._poll_duration.observe(time.perf_counter() - started)
+        self.metrics.poll_duration.observe(time.perf_counter() - started)
         return snapshot
 
     def _log_source_error(self, reading: Reading) -> None:
@@ -552,6 +552,7 @@ class Daemon:
         while not self.stop_event.is_set():
             started = self.clock.now()
             snapshot = self.step()
+            self.metrics.prerender()
             if snapshot.polls == 1:
                 notifier.ready(f"polling every {interval:g}s")
             notifier.watchdog()

@@ -1,6 +1,7 @@
 """The HTTP listener: /metrics (Prometheus), /healthz and the JSON API under
-/api/v1/. Reads serve the daemon's current Snapshot (and the journal), so a
-scrape costs a render and nothing more.
+/api/v1/. Reads serve the daemon's current Snapshot (and the journal); a
+scrape sends the Snapshot's page as encoded once per Snapshot
+(exporter.MetricsPage), plus the live process and daemon figures.
 
 The control API:
 
@@ -44,15 +45,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from gpuwatchd.actions.manual import (
     check_on_node,
     check_text,
     node_subjects,
     resolve_subject,
 )
+from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import to_json
@@ -282,8 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self._path
         control = self.server.control
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._send(200, encoder(self.server.registry), content_type)
+            body, content_type = self.server.metrics.render(self.headers.get("Accept", ""))
+            self._send(200, body, content_type)
         elif path == "/healthz":
             healthy, why = self.server.liveness()
             self._send(200 if healthy else 503, (why + "\n").encode(), "text/plain")
@@ -495,7 +494,7 @@ class StatusServer(ThreadingHTTPServer):
     def __init__(
         self,
         address: tuple[str, int] | str,
-        registry: CollectorRegistry,
+        metrics: MetricsPage,
         current: Callable[[], Snapshot],
         max_poll_age_seconds: float,
         clock_now: Callable[[], float],
@@ -513,7 +512,7 @@ class StatusServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         # A path for UnixStatusServer, which typeshed's TCPServer does not know.
         super().__init__(address, _Handler)  # type: ignore[arg-type]
-        self.registry = registry
+        self.metrics = metrics
         self.current = current
         self.max_poll_age_seconds = max_poll_age_seconds
         self.clock_now = clock_now

@@ -61,7 +61,7 @@ class Api:
 def serve(sim: SimulatedDaemon, token_file: Path, api: ApiConfig | None = None) -> StatusServer:
     server = StatusServer(
         ("127.0.0.1", 0),
-        sim.daemon.registry,
+        sim.daemon.metrics,
         lambda: sim.daemon.snapshot,
         60.0,
         sim.clock.now,

@@ -100,7 +100,7 @@ def test_healthz_stays_truthful_when_the_wall_clock_steps_back(tmp_path: Path) -
     clock = FakeClock()
     config = Config(daemon=DaemonConfig(poll_interval=10.0, state_dir=str(tmp_path)))
     daemon = Daemon(config, [CountingSource()], clock)
-    server = StatusServer(("127.0.0.1", 0), daemon.registry, lambda: daemon.snapshot, 60, clock.now)
+    server = StatusServer(("127.0.0.1", 0), daemon.metrics, lambda: daemon.snapshot, 60, clock.now)
     try:
         daemon.step()
         clock.step_wall(-HOUR)

@@ -140,7 +140,7 @@ def test_http_server_serves_metrics_status_and_healthz(tmp_path: Path) -> None:
     clock = FakeClock()
     daemon = Daemon(_config(tmp_path), [CountingSource()], clock)
     server = StatusServer(
-        ("127.0.0.1", 0), daemon.registry, lambda: daemon.snapshot, 60.0, clock.now
+        ("127.0.0.1", 0), daemon.metrics, lambda: daemon.snapshot, 60.0, clock.now
     )
     server.start()
     try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -234,18 +234,11 @@ def test_a_counter_saying_no_pma_is_absent_and_logged_once_with_its_subject(
 
 
 def test_a_permission_denied_counter_is_absent_and_the_port_still_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, opens: Opens
 ) -> None:
     # Tests run as root, which chmod 000 does not stop: refuse at the open boundary.
-    denied = str(make_port(tmp_path) / "counters" / "symbol_error")
-    real_read = infiniband.read_attribute
-
-    def read_attribute(path: str) -> str:
-        if path == denied:
-            raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real_read(path)
-
-    monkeypatch.setattr(infiniband, "read_attribute", read_attribute)
+    denied = make_port(tmp_path) / "counters" / "symbol_error"
+    opens.watch(denied, PermissionError(errno.EACCES, "Permission denied", str(denied)))
     with caplog.at_level(logging.INFO):
         port = only_port(read(tmp_path))
     assert port.counters == {"port_rcv_data": 4000, "link_downed": 1}
@@ -417,24 +410,35 @@ def test_a_counter_parses_with_its_newline() -> None:
     assert parse_counter("18446744073709551615\n") == 2**64 - 1
 
 
-class OpenCounter:
-    """Counts the opens of one path through Python's audit hook: an observer at
-    the file-open boundary that leaves the reader itself untouched."""
+class Opens:
+    """Watches the open(2) calls of the reader, at the file-open boundary (the
+    reader itself untouched): counts those of one file, however the reader
+    names it (a path, or a name under an open directory), and can refuse them."""
 
-    watched: str | None = None
-    opens = 0
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.watched: str | None = None
+        self.refused: OSError | None = None
+        self.count = 0
+        self._open = os.open
+        monkeypatch.setattr(os, "open", self._opening)
 
-    @classmethod
-    def hook(cls, event: str, args: tuple[object, ...]) -> None:
-        if event == "open" and cls.watched is not None and args and args[0] == cls.watched:
-            cls.opens += 1
+    def watch(self, path: Path, refuse: OSError | None = None) -> None:
+        self.watched, self.refused, self.count = str(path), refuse, 0
 
-    @classmethod
-    def watch(cls, path: Path) -> None:
-        cls.watched, cls.opens = str(path), 0
+    def _opening(
+        self, path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+    ) -> int:
+        folder = "" if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
+        if os.path.join(folder, path) == self.watched:
+            self.count += 1
+            if self.refused is not None:
+                raise self.refused
+        return self._open(path, flags, mode, dir_fd=dir_fd)
 
 
-sys.addaudithook(OpenCounter.hook)
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> Opens:
+    return Opens(monkeypatch)
 
 
 def refusing_fabric(root: Path) -> SimulatedFabric:
@@ -443,11 +447,11 @@ def refusing_fabric(root: Path) -> SimulatedFabric:
 
 
 def test_a_counter_failing_with_einval_is_read_once_and_skipped_after(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, opens: Opens
 ) -> None:
     fabric = refusing_fabric(tmp_path)
     refusing = tmp_path / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_wait"
-    OpenCounter.watch(refusing)
+    opens.watch(refusing)
     source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
     with caplog.at_level(logging.INFO):
         for t in range(0, 60, 10):
@@ -456,21 +460,21 @@ def test_a_counter_failing_with_einval_is_read_once_and_skipped_after(
             assert "port_xmit_wait" not in ports["mlx5_0"].counters
             assert ports["mlx5_0"].counters["port_rcv_data"] > 0
             assert ports["mlx5_1"].counters["port_xmit_wait"] > 0
-    assert OpenCounter.opens == 1
+    assert opens.count == 1
     records = logged(caplog, "port_xmit_wait: Invalid argument")
     assert len(records) == 1 and "not read again" in records[0].getMessage()
 
 
 def test_a_device_recreated_by_a_driver_reload_has_its_refused_files_tried_again(
-    tmp_path: Path,
+    tmp_path: Path, opens: Opens
 ) -> None:
     refusing = make_port(tmp_path) / "counters" / "port_xmit_wait"
     refusing.symlink_to(einval_target())
-    OpenCounter.watch(refusing)
+    opens.watch(refusing)
     source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
     source.poll(1.0)
     source.poll(2.0)
-    assert OpenCounter.opens == 1
+    assert opens.count == 1
     # The reload: the device's directory goes and a new one comes, now readable.
     # (Moved aside rather than deleted while the new one is made, so that the
     # file system cannot hand the new directory the old inode: sysfs never
@@ -478,9 +482,9 @@ def test_a_device_recreated_by_a_driver_reload_has_its_refused_files_tried_again
     (tmp_path / "class" / "infiniband" / "mlx5_0").rename(tmp_path / "unloaded")
     make_port(tmp_path)
     refusing.write_text("42\n")
-    OpenCounter.watch(refusing)
+    opens.watch(refusing)
     assert only_port(source.poll(3.0)).counters["port_xmit_wait"] == 42
-    assert OpenCounter.opens == 1
+    assert opens.count == 1
 
 
 def test_a_400_digit_counter_is_absent_logged_once_and_metrics_still_render(

@@ -108,11 +108,20 @@ def read_attribute(path: str) -> str:
     Raises OSError; some drivers fail in read() rather than open() (EINVAL,
     EOPNOTSUPP), so both are inside the caller's handler.
     """
-    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return _text(_read_bytes(path))
+
+
+def _read_bytes(path: str, folder: int | None = None) -> bytes:
+    """One attribute's bytes; `path` relative to the open directory `folder`
+    when given, which spares the kernel the walk down the whole path."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
     try:
-        data = os.read(descriptor, 4096)
+        return os.read(descriptor, 4096)
     finally:
         os.close(descriptor)
+
+
+def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
@@ -187,10 +196,59 @@ class _Attempt:
         except OSError as error:
             self.fail(path, error)
             return None
+        return self._unless_empty(path, text)
+
+    def _unless_empty(self, path: str, text: str) -> str | None:
         if not text:
             self.problems.append(_Problem(self.subject, path, "empty", gone=False))
             return None
         return text
+
+    def counters(self, directory: str) -> dict[str, int]:
+        """Every counter file of `directory` by name, read and judged as
+        `text` and `parse_counter` would, with the files opened relative to
+        the directory and a plain number (ASCII digits, too few to pass
+        U64_MAX) taken without decoding: this loop reads most of the files of
+        a poll."""
+        values: dict[str, int] = {}
+        try:
+            folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as error:
+            self.fail(directory, error)
+            return values
+        skip = self.skip
+        try:
+            for name in sorted(os.listdir(folder)):
+                if skip and f"{directory}/{name}" in skip:
+                    continue
+                try:
+                    data = _read_bytes(name, folder)
+                except OSError as error:
+                    self.fail(f"{directory}/{name}", error)
+                    continue
+                digits = data.strip()
+                if digits.isdigit() and len(digits) < _U64_DIGITS:
+                    values[name] = int(digits)  # plainly a u64: no decoding
+                    continue
+                value = self._parsed(f"{directory}/{name}", _text(data), parse_counter)
+                if value is not None:
+                    values[name] = value
+        finally:
+            os.close(folder)
+        return values
+
+    def parsed(self, path: str, parse: Callable[[str], T]) -> T | None:
+        text = self.text(path)
+        return None if text is None else self._parsed(path, text, parse)
+
+    def _parsed(self, path: str, text: str, parse: Callable[[str], T]) -> T | None:
+        if self._unless_empty(path, text) is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as error:
+            self.unparsable(path, error)
+            return None
 
     def listing(self, path: str) -> list[str]:
         try:
@@ -334,12 +392,12 @@ class InfinibandSource:
         self._refused.setdefault(name, (identity, set()))[1].update(paths)
 
     def _read_port(self, device: str, number: int, directory: str, attempt: _Attempt) -> PortSample:
-        state = self._parsed(attempt, os.path.join(directory, "state"), parse_state)
-        physical = self._parsed(attempt, os.path.join(directory, "phys_state"), parse_state)
-        rate = self._parsed(attempt, os.path.join(directory, "rate"), parse_rate)
+        state = attempt.parsed(os.path.join(directory, "state"), parse_state)
+        physical = attempt.parsed(os.path.join(directory, "phys_state"), parse_state)
+        rate = attempt.parsed(os.path.join(directory, "rate"), parse_rate)
         link_layer = attempt.text(os.path.join(directory, "link_layer"))
-        counters = self._counters(attempt, os.path.join(directory, "counters"))
-        hw_counters = self._counters(attempt, os.path.join(directory, "hw_counters"))
+        counters = attempt.counters(os.path.join(directory, "counters"))
+        hw_counters = attempt.counters(os.path.join(directory, "hw_counters"))
         for name in WORD_COUNTERS & counters.keys():
             counters[name] *= BYTES_PER_WORD
         return PortSample(
@@ -354,26 +412,6 @@ class InfinibandSource:
             counters=counters,
             hw_counters=hw_counters,
         )
-
-    def _counters(self, attempt: _Attempt, directory: str) -> dict[str, int]:
-        values: dict[str, int] = {}
-        for name in attempt.listing(directory):
-            # Plain concatenation: this loop reads most of the files of a poll.
-            value = self._parsed(attempt, f"{directory}/{name}", parse_counter)
-            if value is not None:
-                values[name] = value
-        return values
-
-    @staticmethod
-    def _parsed(attempt: _Attempt, path: str, parse: Callable[[str], T]) -> T | None:
-        text = attempt.text(path)
-        if text is None:
-            return None
-        try:
-            return parse(text)
-        except ValueError as error:
-            attempt.unparsable(path, error)
-            return None
 
     def _report(self, attempt: _Attempt) -> None:
         for problem in attempt.problems:
