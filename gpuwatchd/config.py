@@ -17,6 +17,7 @@ from gpuwatchd.actions.slurm import SlurmConfig
 from gpuwatchd.actions.webhook import WebhookConfig
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.checks.registry import ChecksConfig
+from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.policy import PolicyConfig
 from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
@@ -115,6 +116,7 @@ class Config:
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     actions: ActionsConfig = field(default_factory=ActionsConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
         window, needed = max(_history_needs(self.checks).items(), key=lambda item: item[1])

@@ -184,7 +184,11 @@ class Daemon:
         self._wall_offset = clock.wall() - now
         webhooks, schedulers = self.actions.status()
         self._snapshot = Snapshot(
-            time=now, quarantines=self.state.quarantines, webhooks=webhooks, schedulers=schedulers
+            time=now,
+            quarantines=self.state.quarantines,
+            webhooks=webhooks,
+            schedulers=schedulers,
+            export=config.export,
         )
         self.metrics = MetricsPage(lambda: self._snapshot)
         # The whole page uncached, for whoever renders it with prometheus_client.
@@ -380,6 +384,7 @@ class Daemon:
             state_persisted=self._persisted,
             webhooks=webhooks,
             schedulers=schedulers,
+            export=self.config.export,
         )
         self._snapshot = snapshot
         self.actions.publish(snapshot)

@@ -35,6 +35,7 @@ from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
 from gpuwatchd.encoding import encode
 from gpuwatchd.export import actions, gpu, health, infiniband
+from gpuwatchd.export.detail import troubled
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -78,7 +79,13 @@ RENDERERS: tuple[FamilyRenderer, ...] = (
     infiniband.families,
     health.families,
     actions.families,
-    lambda snapshot: canary.families(snapshot.canary) if snapshot.canary else (),
+    lambda snapshot: (
+        canary.families(
+            snapshot.canary, snapshot.export, troubled(snapshot.health, snapshot.findings)
+        )
+        if snapshot.canary
+        else ()
+    ),
 )
 
 

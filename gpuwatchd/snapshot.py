@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwatchd.canary.stats import CanaryStats
+from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.model import (
     Finding,
     GpuSample,
@@ -70,3 +71,5 @@ class Snapshot:
     schedulers: tuple[SchedulerStatus, ...] = ()
     # Canary runs and results since the daemon started; None without canaries.
     canary: CanaryStats | None = None
+    # How much /metrics says (export.detail, export.canary_cores).
+    export: ExportConfig = field(default_factory=ExportConfig)

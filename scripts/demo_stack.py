@@ -7,7 +7,9 @@ routing, and a receiver that prints what Alertmanager sends.
 Four simulated GPU nodes run `gpuwatchd run --simulate` (one calm, one with GPU
 faults, one with NVLink and InfiniBand faults, one whose GPU corrupts canary
 results; their scenario files are written under the work directory), and a
-fifth target has no daemon at all. Prometheus scrapes them every second and
+fifth target has no daemon at all. The NVLink-and-InfiniBand and the canary
+nodes export `export.detail: compact`, the other two `full`: the rules and
+dashboards serve both. Prometheus scrapes them every second and
 evaluates config/prometheus/rules/ with every duration (`for:`, range
 windows, offsets) divided by --time-scale, so that alerts meant to wait 15
 minutes fire within seconds. Alertmanager runs config/alertmanager/alertmanager.yml
@@ -69,6 +71,8 @@ class Node:
 
     name: str
     scenario: str | dict[str, Any] | None
+    # Its daemon's export.detail.
+    detail: str = "full"
 
 
 # The daemon's default canary interval, scaled like the rules' durations.
@@ -117,8 +121,13 @@ NODES: tuple[Node, ...] = (
                 },
             ],
         },
+        detail="compact",
     ),
-    Node("node-4", {"node": H100, "seed": 4, "faults": [{"at": "2s", "kind": "sdc", "gpu": 7}]}),
+    Node(
+        "node-4",
+        {"node": H100, "seed": 4, "faults": [{"at": "2s", "kind": "sdc", "gpu": 7}]},
+        detail="compact",
+    ),
     Node("node-5", None),
 )
 
@@ -314,18 +323,22 @@ class Stack:
             path.write_text(yaml.safe_dump(scenario, sort_keys=False))
             scenario = str(path)
         command = [sys.executable, "-m", "gpuwatchd", "run", "--simulate", scenario]
-        command += ["--config", str(self._node_config())]
+        command += ["--config", str(self._node_config(node))]
         command += ["--listen", f"127.0.0.1:{self.node_ports[node.name]}"]
         command += ["--state-dir", str(self.workdir / "state" / node.name)]
         command += ["--interval", f"{SCRAPE_SECONDS}s"]
         self._spawn(node.name, command)
 
-    def _node_config(self) -> Path:
-        """The nodes' config: canary bursts as much sooner as the rules' durations
-        (10 minutes at time scale 1), and the host's cores left to the demo."""
-        path = self.workdir / "gpuwatchd.yaml"
+    def _node_config(self, node: Node) -> Path:
+        """A node's config: canary bursts as much sooner as the rules' durations
+        (10 minutes at time scale 1), the host's cores left to the demo, and
+        the node's export detail."""
+        path = self.workdir / f"gpuwatchd-{node.name}.yaml"
         interval = CANARY_INTERVAL_SECONDS / self.time_scale
-        config = {"canary": {"interval": f"{interval:g}s", "host_cores": False}}
+        config = {
+            "canary": {"interval": f"{interval:g}s", "host_cores": False},
+            "export": {"detail": node.detail},
+        }
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 

@@ -61,11 +61,13 @@ def simulated_daemon(
     config: Config | None = None,
     canary: bool = False,
     start: float | None = None,
+    host_cores: bool = False,
 ) -> Iterator[SimulatedDaemon]:
-    """`canary` runs the canary agent too (bursts inline, host cores left out);
-    `start` is the injected clock's time at the start (a restart later on)."""
+    """`canary` runs the canary agent too (bursts inline; the host's cores
+    only with `host_cores`); `start` is the injected clock's time at the start
+    (a restart later on)."""
     config = config or Config()
-    config = replace(config, canary=replace(config.canary, enabled=canary, host_cores=False))
+    config = replace(config, canary=replace(config.canary, enabled=canary, host_cores=host_cores))
     config = replace(config, daemon=replace(config.daemon, state_dir=str(state_dir / "state")))
     clock = FakeClock() if start is None else FakeClock(start)
     scenario = scenarios.parse(scenario_text, "test-scenario")

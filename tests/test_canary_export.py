@@ -9,6 +9,7 @@ from metrics_support import promtool_check
 from gpuwatchd.canary.export import families
 from gpuwatchd.canary.result import CanaryResult, Outcome
 from gpuwatchd.canary.stats import CanaryStats
+from gpuwatchd.export.detail import ExportConfig
 
 T0 = 1_767_225_600.0
 
@@ -60,11 +61,18 @@ STATS = (
     )
     .add([result("gemm_exact_fp16", "timeout", gpu=1, time=T0 + 600)])
     .add([result("int_chain_u32", "pass", core=3, time=T0 + 700)])
+    .add([result("int_chain_u32", "pass", core=5, time=T0 + 700)])
+    .add([result("int_chain_u32", "error", core=5, time=T0 + 3700)])
 )
 
 
-def render(stats: CanaryStats) -> str:
-    return metrics_support.render(lambda: families(stats))
+FULL = ExportConfig()
+
+
+def render(
+    stats: CanaryStats, export: ExportConfig = FULL, flagged: frozenset[str] = frozenset()
+) -> str:
+    return metrics_support.render(lambda: families(stats, export, flagged))
 
 
 def lines(text: str, name: str) -> list[str]:
@@ -115,12 +123,63 @@ def test_duration_throughput_and_flipped_bits_of_the_latest_runs() -> None:
     ]
 
 
-def test_host_cores_have_their_own_series() -> None:
+def test_host_cores_are_summarised_with_per_core_series_only_for_a_core_that_failed() -> None:
     text = render(STATS)
+    assert lines(text, "gpuwatchd_canary_host_runs_total") == [
+        'gpuwatchd_canary_host_runs_total{canary="int_chain_u32",result="pass"} 2.0',
+        'gpuwatchd_canary_host_runs_total{canary="int_chain_u32",result="mismatch"} 0.0',
+        'gpuwatchd_canary_host_runs_total{canary="int_chain_u32",result="error"} 1.0',
+        'gpuwatchd_canary_host_runs_total{canary="int_chain_u32",result="timeout"} 0.0',
+    ]
+    cores = lines(text, "gpuwatchd_canary_cpu_runs_total")
+    assert [line for line in cores if 'core="3"' in line] == []
+    assert (
+        'gpuwatchd_canary_cpu_runs_total{canary="int_chain_u32",core="5",result="error"} 1.0'
+        in (cores)
+    )
+    assert 'gpu="3"' not in text and 'gpu="5"' not in text
+
+
+def test_every_core_has_its_series_when_asked_for() -> None:
+    text = render(STATS, ExportConfig(canary_cores="all"))
     assert (
         'gpuwatchd_canary_cpu_runs_total{canary="int_chain_u32",core="3",result="pass"} 1.0' in text
     )
-    assert 'gpu="3"' not in text
+
+
+def test_each_gpu_s_runs_are_summed_over_its_canaries_in_both_modes() -> None:
+    for export in (ExportConfig(), ExportConfig(detail="compact")):
+        assert lines(render(STATS, export), "gpuwatchd_canary_gpu_runs_total") == [
+            'gpuwatchd_canary_gpu_runs_total{gpu="0",result="pass"} 3.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="0",result="mismatch"} 1.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="0",result="error"} 0.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="0",result="timeout"} 0.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="1",result="pass"} 1.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="1",result="mismatch"} 0.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="1",result="error"} 0.0',
+            'gpuwatchd_canary_gpu_runs_total{gpu="1",result="timeout"} 1.0',
+        ]
+
+
+def test_compact_mode_keeps_per_canary_detail_for_gpus_that_failed_or_are_not_healthy() -> None:
+    passing = CanaryStats().add(
+        [
+            result("gemm_exact_fp16", "pass", gpu=0, tflops=12.5),
+            result("gemm_exact_fp16", "pass", gpu=1, tflops=12.0),
+            result("gemm_exact_fp16", "pass", gpu=2, tflops=12.1),
+        ]
+    )
+    stats = passing.add([result("gemm_exact_fp16", "mismatch", gpu=0, time=T0 + 600, tflops=9.0)])
+    text = render(stats, ExportConfig(detail="compact"), frozenset({"gpu:2"}))
+    detailed = {
+        line.split('gpu="')[1][0]
+        for name in ("runs_total", "bit_flips_total", "duration_seconds")
+        for line in lines(text, f"gpuwatchd_canary_{name}")
+    }
+    assert detailed == {"0", "2"}
+    # What the fleet compares stays for every GPU.
+    assert len(lines(text, "gpuwatchd_canary_tflops")) == 3
+    assert len(lines(text, "gpuwatchd_canary_last_pass_timestamp_seconds")) == 3
 
 
 def test_no_runs_no_series() -> None:

@@ -160,3 +160,15 @@ def test_a_yaml_error_names_its_line_and_where_the_parser_was() -> None:
     message = str(caught.value)
     assert "<unicode string>" not in message
     assert "while parsing a flow mapping at line 1" in message
+
+
+def test_check_config_names_the_export_detail_modes_when_given_another(tmp_path: Path) -> None:
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text("export:\n  detail: minimal\n")
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 1
+    assert f"{config}:2: export.detail: must be one of 'full', 'compact', got 'minimal'" in (
+        result.output
+    )
+    compact = parse_config("export: {detail: compact, canary_cores: all}\n").export
+    assert compact.compact and compact.canary_cores == "all"

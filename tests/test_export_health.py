@@ -3,10 +3,13 @@ rendered from a Snapshot and checked by promtool."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import metrics_support
 from gpu_history import T0
 from metrics_support import promtool_check
 
+from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.export.health import families
 from gpuwatchd.model import Finding, Health, Measurement, Quarantine, Severity
 from gpuwatchd.snapshot import Snapshot
@@ -100,3 +103,26 @@ def test_an_empty_snapshot_exports_only_the_node_state() -> None:
 
 def test_the_rendered_families_pass_promtool() -> None:
     assert promtool_check(render(SNAPSHOT)) == (0, "")
+
+
+def test_compact_health_is_one_code_per_subject_and_a_healthy_link_has_none() -> None:
+    snapshot = replace(
+        SNAPSHOT,
+        health={**SNAPSHOT.health, "nvlink:0/1": Health.HEALTHY, "gpu:0": Health.HEALTHY},
+        export=ExportConfig(detail="compact"),
+    )
+    text = render(snapshot)
+    assert lines(text, "gpuwatchd_health_state_id") == [
+        'gpuwatchd_health_state_id{subject="gpu:0"} 0.0',
+        'gpuwatchd_health_state_id{subject="gpu:1"} 1.0',
+        'gpuwatchd_health_state_id{subject="gpu:3"} 3.0',
+        'gpuwatchd_health_state_id{subject="node"} 1.0',
+        'gpuwatchd_health_state_id{subject="nvlink:5/7"} 2.0',
+    ]
+    assert "gpuwatchd_node_health_state_id 1.0" in text
+    assert "gpuwatchd_health_state{" not in text and "gpuwatchd_node_health_state{" not in text
+    # The checks' values only for the subjects that are not healthy (gpu:1),
+    # or have an active finding; gpu:0's and gpu:5's drift are left out.
+    assert lines(text, "gpuwatchd_gpu_clock_drift_ratio") == []
+    assert len(lines(text, "gpuwatchd_gpu_throttle_ratio")) == 1
+    assert promtool_check(text) == (0, "")

@@ -55,6 +55,8 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_gpu_xid_errors_total",
         "gpuwatchd_nvlink_up",
         "gpuwatchd_nvlink_errors_total",
+        "gpuwatchd_gpu_nvlinks_up",
+        "gpuwatchd_gpu_nvlink_errors_total",
         # The daemon
         "gpuwatchd_source_up",
         "gpuwatchd_poll_duration_seconds_bucket",
@@ -79,6 +81,8 @@ EXPORTED_METRICS = frozenset(
         # Health
         "gpuwatchd_health_state",
         "gpuwatchd_node_health_state",
+        "gpuwatchd_health_state_id",
+        "gpuwatchd_node_health_state_id",
         "gpuwatchd_finding",
         "gpuwatchd_quarantined",
         "gpuwatchd_gpu_clock_drift_ratio",
@@ -91,6 +95,8 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_canary_tflops",
         "gpuwatchd_canary_sm_coverage_ratio",
         "gpuwatchd_canary_bit_flips_total",
+        "gpuwatchd_canary_gpu_runs_total",
+        "gpuwatchd_canary_host_runs_total",
         # Webhooks
         "gpuwatchd_webhook_deliveries_total",
         "gpuwatchd_webhook_outbox_pending",

@@ -100,6 +100,8 @@ NOT_EXPORTED_HERE = {
     "gpuwatchd_gpu_retired_pages_pending",
     # Only for GPUs the canaries cannot run on; the demo's GPUs run them all.
     "gpuwatchd_canary_unchecked_since_timestamp_seconds",
+    # The demo leaves the host's cores alone (canary.host_cores: false).
+    "gpuwatchd_canary_host_runs_total",
 }
 
 

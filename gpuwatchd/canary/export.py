@@ -14,16 +14,27 @@ the suite's canaries are there at 0 from the first poll, before any ran.
     gpuwatchd_canary_bit_flips_total{gpu,canary}
     gpuwatchd_canary_cpu_runs_total{core,canary,result}
     gpuwatchd_canary_unchecked_since_timestamp_seconds{gpu,reason}
+    gpuwatchd_canary_gpu_runs_total{gpu,result}
+    gpuwatchd_canary_host_runs_total{canary,result}
+
+The last two sum the runs of a GPU over its canaries and of the host over
+its cores, in every detail mode. Per core, runs are exported for the cores
+that had a run other than a pass (`export.canary_cores: failed`, the
+default) or for every core (`all`). With `export.detail: compact`, a GPU's
+per-canary runs, bit flips and durations are exported only once it had a run
+other than a pass or while it is not healthy; its TFLOP/s (what the fleet
+compares) and last pass always.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatchd.canary.result import OUTCOMES
 from gpuwatchd.canary.stats import CanaryStats
+from gpuwatchd.export.detail import ExportConfig
 
 PREFIX = "gpuwatchd_canary_"
 
@@ -33,14 +44,41 @@ def _split(target: str) -> tuple[str, str]:
     return kind, index
 
 
-def families(stats: CanaryStats) -> Iterable[Metric]:
-    return list(_families(stats))
+FULL = ExportConfig()
 
 
-def _families(stats: CanaryStats) -> Iterator[Metric]:
+def families(
+    stats: CanaryStats, export: ExportConfig = FULL, flagged: Collection[str] = frozenset()
+) -> Iterable[Metric]:
+    """`flagged`: the subjects that are not healthy (or have an active
+    finding), whose GPUs keep their per-canary detail in compact mode."""
+    return list(_families(stats, export, flagged))
+
+
+def _failed(stats: CanaryStats) -> frozenset[str]:
+    """Targets (`gpu:<index>`, `cpu:<core>`) that had a run other than a pass."""
+    return frozenset(t for (t, _, outcome), n in stats.runs.items() if outcome != "pass" and n)
+
+
+def _families(
+    stats: CanaryStats, export: ExportConfig, flagged: Collection[str]
+) -> Iterator[Metric]:
     pairs = sorted({(target, canary) for target, canary, _ in stats.runs} | stats.planned)
-    gpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "gpu"]
-    cpu_pairs = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "cpu"]
+    failed = _failed(stats)
+    every_gpu = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "gpu"]
+    detailed = {
+        gpu
+        for gpu, _ in every_gpu
+        if not export.compact or f"gpu:{gpu}" in failed or f"gpu:{gpu}" in flagged
+    }
+    gpu_pairs = [(gpu, c) for gpu, c in every_gpu if gpu in detailed]
+    every_core = [(_split(t)[1], c) for t, c in pairs if _split(t)[0] == "cpu"]
+    cpu_pairs = [
+        (core, c)
+        for core, c in every_core
+        if export.canary_cores == "all" or f"cpu:{core}" in failed
+    ]
+    yield from _summaries(stats, every_gpu, every_core)
 
     runs = CounterMetricFamily(
         PREFIX + "runs",
@@ -93,14 +131,15 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
         "some SMs went unchecked by that run.",
         labels=["gpu", "canary"],
     )
-    for gpu, canary in gpu_pairs:
+    for gpu, canary in every_gpu:
         latest = stats.latest.get((f"gpu:{gpu}", canary))
         if latest is None:
             continue
-        duration.add_metric([gpu, canary], latest.duration_seconds)
+        if gpu in detailed:
+            duration.add_metric([gpu, canary], latest.duration_seconds)
         if latest.tflops is not None:
             tflops.add_metric([gpu, canary], latest.tflops)
-        if latest.sm_coverage_ratio is not None:
+        if gpu in detailed and latest.sm_coverage_ratio is not None:
             coverage.add_metric([gpu, canary], latest.sm_coverage_ratio)
     yield duration
     yield tflops
@@ -127,3 +166,39 @@ def _families(stats: CanaryStats) -> Iterator[Metric]:
     for number, (why, since) in sorted(stats.unchecked.items()):
         unchecked.add_metric([str(number), why], since)
     yield unchecked
+
+
+def _summaries(
+    stats: CanaryStats, gpu_pairs: Iterable[tuple[str, str]], cpu_pairs: Iterable[tuple[str, str]]
+) -> Iterator[Metric]:
+    """Runs by outcome per GPU (over its canaries) and per canary on the host
+    (over its cores), at 0 from the first poll as the detailed counters are."""
+    gpu_runs: dict[tuple[str, str], int] = {}
+    for gpu, canary in gpu_pairs:
+        for outcome in OUTCOMES:
+            count = stats.runs.get((f"gpu:{gpu}", canary, outcome), 0)
+            gpu_runs[(gpu, outcome)] = gpu_runs.get((gpu, outcome), 0) + count
+    host_runs: dict[tuple[str, str], int] = {}
+    for core, canary in cpu_pairs:
+        for outcome in OUTCOMES:
+            count = stats.runs.get((f"cpu:{core}", canary, outcome), 0)
+            host_runs[(canary, outcome)] = host_runs.get((canary, outcome), 0) + count
+    by_gpu = CounterMetricFamily(
+        PREFIX + "gpu_runs",
+        "Canary runs on the GPU by outcome, summed over its canaries (gpuwatchd_canary_runs_total "
+        "per canary).",
+        labels=["gpu", "result"],
+    )
+    # Outcomes stay in OUTCOMES' order, as in the per-canary counters.
+    for labels, count in sorted(gpu_runs.items(), key=lambda item: int(item[0][0])):
+        by_gpu.add_metric(list(labels), count)
+    yield by_gpu
+    host = CounterMetricFamily(
+        PREFIX + "host_runs",
+        "Canary runs on the host's CPU cores by outcome, summed over the cores checked "
+        "(gpuwatchd_canary_cpu_runs_total per core, for the cores that failed a run).",
+        labels=["canary", "result"],
+    )
+    for labels, count in sorted(host_runs.items(), key=lambda item: item[0][0]):
+        host.add_metric(list(labels), count)
+    yield host

@@ -3,6 +3,11 @@
 Every GPU series carries `gpu`, `uuid` and `model`; an absent reading is an
 absent series, never a zero. A lost GPU keeps only `gpuwatchd_gpu_up 0` and
 its XID counters (the 79 that announced the loss among them).
+
+Per-GPU NVLink totals (`gpuwatchd_gpu_nvlinks_up`,
+`gpuwatchd_gpu_nvlink_errors_total`) are exported in both detail modes; with
+`export.detail: compact`, the families outside COMPACT_GPU_FAMILIES and the
+per-link ones are exported only for GPUs and links that are not healthy.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuwatchd.export.detail import compacted, gpu_subject, link_subject, troubled
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
@@ -29,6 +35,33 @@ GPU_LABELS = ("gpu", "uuid", "model")
 
 Value = float | int | bool | None
 Getter = Callable[[GpuSample], Value]
+
+# The families compact mode exports for every GPU: whether it is up, hot,
+# busy, throttled, erroring or out of spare memory, and its fabric state, as
+# the shipped alerts read them. The rest (per-reason flags, thresholds,
+# maximum and application clocks, PCIe link, remapper banks...) is detail.
+COMPACT_GPU_FAMILIES = frozenset(
+    {
+        "gpuwatchd_gpu_up",
+        "gpuwatchd_gpu_temperature_celsius",
+        "gpuwatchd_gpu_clock_hertz",
+        "gpuwatchd_gpu_power_watts",
+        "gpuwatchd_gpu_utilization_ratio",
+        "gpuwatchd_gpu_memory_utilization_ratio",
+        "gpuwatchd_gpu_energy_joules",
+        "gpuwatchd_gpu_framebuffer_bytes",
+        "gpuwatchd_gpu_ecc_errors",
+        "gpuwatchd_gpu_pcie_replays",
+        "gpuwatchd_gpu_throttle_seconds",
+        "gpuwatchd_gpu_row_remap_pending",
+        "gpuwatchd_gpu_row_remap_failed",
+        "gpuwatchd_gpu_retired_pages_pending",
+        "gpuwatchd_gpu_fabric_state_id",
+        "gpuwatchd_gpu_xid_errors",
+        "gpuwatchd_gpu_nvlinks_up",
+        "gpuwatchd_gpu_nvlink_errors",
+    }
+)
 
 
 def _gpu_labels(gpu: GpuSample) -> list[str]:
@@ -353,6 +386,31 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     yield ber
 
 
+def _link_totals(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+    """Each GPU's NVLinks summed up: what compact mode keeps of them."""
+    up = GaugeMetricFamily(
+        "gpuwatchd_gpu_nvlinks_up",
+        "NVLinks of the GPU that are active (the sum of its gpuwatchd_nvlink_up).",
+        labels=GPU_LABELS,
+    )
+    errors = CounterMetricFamily(
+        "gpuwatchd_gpu_nvlink_errors",
+        "NVLink errors of the GPU by type, summed over its links (gpuwatchd_nvlink_errors_total "
+        "per link).",
+        labels=(*GPU_LABELS, "type"),
+    )
+    for gpu in gpus:
+        states = [link.up for link in gpu.nvlinks if link.up is not None]
+        if states:
+            up.add_metric(_gpu_labels(gpu), float(sum(states)))
+        for kind in NVLINK_ERROR_TYPES:
+            counts = [n for link in gpu.nvlinks if (n := link.errors.get(kind)) is not None]
+            if counts:
+                errors.add_metric([*_gpu_labels(gpu), kind], float(sum(counts)))
+    yield up
+    yield errors
+
+
 def families(snapshot: Snapshot) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "gpuwatchd_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", labels=GPU_LABELS
@@ -361,8 +419,13 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         up.add_metric(_gpu_labels(gpu), float(gpu.up))
     yield up
     answering = [gpu for gpu in snapshot.gpus if gpu.up]
-    yield from _gpu_families(answering)
-    yield from _link_families(answering)
+    export = snapshot.export
+    flagged = troubled(snapshot.health, snapshot.findings)
+    yield from compacted(
+        _gpu_families(answering), export, flagged, gpu_subject, COMPACT_GPU_FAMILIES
+    )
+    yield from _link_totals(answering)
+    yield from compacted(_link_families(answering), export, flagged, link_subject)
     # A lost GPU's XIDs (79 among them) still count; everything else about it is unknown.
     gpus = snapshot.gpus
     yield _by_label(

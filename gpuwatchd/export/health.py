@@ -6,6 +6,11 @@ for the current one, so `gpuwatchd_health_state{state="quarantined"} == 1`
 selects quarantined subjects and no series goes stale when a state changes.
 Dry-run quarantines have a family of their own, so that rules and actions on
 `gpuwatchd_quarantined` never fire for a dry run.
+
+With `export.detail: compact`, health is one `gpuwatchd_health_state_id`
+series per subject whose value is the state's code (0 healthy ... 3
+quarantined), an NVLink's only while it is not healthy, and the checks'
+derived values only for subjects that are not healthy.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gpuwatchd.export.detail import measurement_subject, only_for, troubled
 from gpuwatchd.model import Health, Measurement, Quarantine, Severity
 from gpuwatchd.snapshot import Snapshot
 
 STATES = tuple(health.label for health in Health)
+STATE_CODES = ", ".join(f"{health.value} {health.label}" for health in Health)
 
 # Help of the gauges the checks derive; a measurement not listed here is
 # exported with a generic help text rather than dropped.
@@ -35,8 +42,13 @@ MEASUREMENT_HELP = {
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    yield _health_state(snapshot)
-    yield _node_health_state(snapshot)
+    flagged = troubled(snapshot.health, snapshot.findings)
+    if snapshot.export.compact:
+        yield _health_state_id(snapshot, flagged)
+        yield _node_health_state_id(snapshot)
+    else:
+        yield _health_state(snapshot)
+        yield _node_health_state(snapshot)
     yield _findings(snapshot)
     live = [q for q in snapshot.quarantines if not q.dry_run]
     dry = [q for q in snapshot.quarantines if q.dry_run]
@@ -51,7 +63,8 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         "1 for each subject policy would have quarantined, had dry_run been off.",
         dry,
     )
-    yield from _measurements(snapshot.measurements)
+    for family in _measurements(snapshot.measurements):
+        yield only_for(family, flagged, measurement_subject) if snapshot.export.compact else family
 
 
 def _health_state(snapshot: Snapshot) -> GaugeMetricFamily:
@@ -65,6 +78,29 @@ def _health_state(snapshot: Snapshot) -> GaugeMetricFamily:
         for state in Health:
             family.add_metric([subject, state.label], float(state is health))
     return family
+
+
+def _health_state_id(snapshot: Snapshot, flagged: frozenset[str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuwatchd_health_state_id",
+        f"Health of each subject (node, gpu, ib port; an nvlink only while it is not "
+        f"healthy) as a code: {STATE_CODES}.",
+        labels=("subject",),
+    )
+    for subject, health in sorted(snapshot.health.items()):
+        # A node's NVLinks are most of its subjects; a healthy one says
+        # nothing its GPU's link totals do not.
+        if not subject.startswith("nvlink:") or subject in flagged:
+            family.add_metric([subject], float(health.value))
+    return family
+
+
+def _node_health_state_id(snapshot: Snapshot) -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "gpuwatchd_node_health_state_id",
+        f"Health of the node as a whole as a code: {STATE_CODES}.",
+        value=float(snapshot.node_health.value),
+    )
 
 
 def _node_health_state(snapshot: Snapshot) -> GaugeMetricFamily:

@@ -7,6 +7,10 @@ output for a real tree, and a test keeps the two equal). Added beyond
 node_exporter 1.5: `gpuwatchd_infiniband_hw_counters_total{device,port,counter}`
 for every file under `hw_counters/` (plural, like the folder: promtool rejects
 a name with `_counter_` in it). An absent value is an absent series.
+
+With `export.detail: compact`, every port keeps its state, rate, traffic and
+the error counters the shipped alerts read (COMPACT_PORT_FAMILIES); its other
+counters and `hw_counters` are exported only while it is not healthy.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpuwatchd.export.detail import compacted, port_subject, troubled
 from gpuwatchd.model import InfinibandDevice, PortSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -121,6 +126,26 @@ COUNTER_METRICS: Mapping[str, tuple[str, str]] = MappingProxyType(
     }
 )
 
+# Compact mode's per-port totals: each port's state, rate and traffic, and
+# the IBTA error counters that the shipped alerts read.
+COMPACT_PORT_FAMILIES = frozenset(
+    PREFIX + name.removesuffix("_total")
+    for name in (
+        "state_id",
+        "physical_state_id",
+        "rate_bytes_per_second",
+        "port_data_received_bytes_total",
+        "port_data_transmitted_bytes_total",
+        "port_transmit_wait_total",
+        "link_downed_total",
+        "link_error_recovery_total",
+        "symbol_error_total",
+        "port_errors_received_total",
+        "local_link_integrity_errors_total",
+        "excessive_buffer_overrun_errors_total",
+    )
+)
+
 # `hw_counters/lifespan` is the driver's counter aging period in milliseconds,
 # a setting rather than a count, so it is not exported as a counter.
 NOT_HW_COUNTERS = frozenset({"lifespan"})
@@ -203,11 +228,16 @@ def _hw_counters(ports: Sequence[PortSample]) -> CounterMetricFamily:
 def families(snapshot: Snapshot) -> list[Metric]:
     """Every InfiniBand family that has at least one series in the snapshot."""
     ports = snapshot.ports
+    flagged = troubled(snapshot.health, snapshot.findings)
     rendered: list[Metric] = [
         _info(snapshot.infiniband_devices),
-        *_gauges(ports),
-        *_counters(ports),
-        _hw_counters(ports),
+        *compacted(
+            (*_gauges(ports), *_counters(ports), _hw_counters(ports)),
+            snapshot.export,
+            flagged,
+            port_subject,
+            COMPACT_PORT_FAMILIES,
+        ),
     ]
     # A family with no samples says nothing; node_exporter leaves it out too.
     return [family for family in rendered if family.samples]
