@@ -25,6 +25,7 @@ from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
 from gpuwatchd.sources.infiniband import InfinibandSource
 from gpuwatchd.sources.nvml import NvmlSource
+from gpuwatchd.sources.pcie import PcieSource
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ def build_sources(config: Config, clock: Clock, xid_thread: bool = True) -> list
         sources.append(NvmlSource(clock, config.sources.nvml, xid_thread=xid_thread))
     if config.sources.infiniband.enabled:
         sources.append(InfinibandSource(config.sources.infiniband))
+    if config.sources.pcie.enabled:
+        sources.append(PcieSource(config.sources.pcie))
     return sources
 
 
@@ -103,7 +106,11 @@ def simulate(
     """A simulated node installed under nvidia-ml-py, and the config that reads it."""
     node = SimulatedNode(scenario, sysfs_root, clock.now()).install()
     infiniband = replace(config.sources.infiniband, sysfs_root=str(sysfs_root))
-    config = replace(config, sources=replace(config.sources, infiniband=infiniband))
+    # A capture holds no PCIe tree: a captured node has no PCIe source to read.
+    captured = scenario.node.capture is not None
+    enabled = config.sources.pcie.enabled and not captured
+    pcie = replace(config.sources.pcie, sysfs_root=str(sysfs_root), enabled=enabled)
+    config = replace(config, sources=replace(config.sources, infiniband=infiniband, pcie=pcie))
     return _expecting_the_scenario_node(config, scenario), node
 
 

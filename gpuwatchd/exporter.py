@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from gpuwatchd import __version__
 from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
-from gpuwatchd.export import actions, gpu, health, infiniband
+from gpuwatchd.export import actions, gpu, health, infiniband, pcie
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -59,6 +59,7 @@ RENDERERS: tuple[FamilyRenderer, ...] = (
     _daemon_families,
     gpu.families,
     infiniband.families,
+    pcie.families,
     health.families,
     actions.families,
     lambda snapshot: canary.families(snapshot.canary) if snapshot.canary else (),

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from gpuwatchd.model import GpuSample, PortSample, Reading, XidEvent
+from gpuwatchd.model import GpuSample, PcieFunctionSample, PortSample, Reading, XidEvent
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -24,6 +24,7 @@ class History:
         self._gpus: dict[int, deque[tuple[float, GpuSample]]] = {}
         self._ports: dict[tuple[str, int], deque[tuple[float, PortSample]]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
+        self._functions: dict[str, deque[tuple[float, PcieFunctionSample]]] = {}
         self.now = 0.0
         # When a reading last said which ports there are (none is an answer too).
         self.last_port_poll: float | None = None
@@ -37,6 +38,9 @@ class History:
         for port in reading.ports or ():
             ring = self._ports.setdefault((port.device, port.port), self._ring())
             self._append(ring, reading.time, port)
+        for function in reading.pcie_functions or ():
+            functions = self._functions.setdefault(function.address, self._ring())
+            self._append(functions, reading.time, function)
         self._xids.extend(reading.xid_events)
         self._expire()
 
@@ -52,8 +56,12 @@ class History:
 
     def _expire(self) -> None:
         oldest = self.now - self.max_age_seconds
-        rings: list[deque[tuple[float, GpuSample]] | deque[tuple[float, PortSample]]]
-        rings = [*self._gpus.values(), *self._ports.values()]
+        rings: list[
+            deque[tuple[float, GpuSample]]
+            | deque[tuple[float, PortSample]]
+            | deque[tuple[float, PcieFunctionSample]]
+        ]
+        rings = [*self._gpus.values(), *self._ports.values(), *self._functions.values()]
         for ring in rings:
             # Keep one sample older than the horizon: rates over a full window need it.
             while len(ring) > 1 and ring[1][0] < oldest:
@@ -80,6 +88,12 @@ class History:
     def latest_port(self, device: str, port: int) -> PortSample | None:
         ring = self._ports.get((device, port))
         return ring[-1][1] if ring else None
+
+    def pcie_addresses(self) -> list[str]:
+        return sorted(self._functions)
+
+    def pcie_function(self, address: str) -> Sequence[tuple[float, PcieFunctionSample]]:
+        return tuple(self._functions.get(address, ()))
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]

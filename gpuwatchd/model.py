@@ -245,6 +245,40 @@ class PortSample:
         return f"ib:{self.device}/{self.port}"
 
 
+# PCIe Advanced Error Reporting severities, under the label values of
+# gpuwatchd_pcie_aer_errors_total{severity}, with the sysfs file of each and the
+# name of the total line that closes it (drivers/pci/pcie/aer.c, aer_stats_attrs).
+AER_SEVERITIES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "correctable": ("aer_dev_correctable", "TOTAL_ERR_COR"),
+        "nonfatal": ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+        "fatal": ("aer_dev_fatal", "TOTAL_ERR_FATAL"),
+    }
+)
+# What a PCIe function watched for AER is: a GPU, or an InfiniBand HCA.
+PCIE_FUNCTION_KINDS: tuple[str, ...] = ("gpu", "hca")
+
+
+@dataclass(frozen=True)
+class PcieFunctionSample:
+    """One PCIe function (a GPU or an HCA) as sysfs shows it under
+    `bus/pci/devices/<address>`: its AER counters since boot and its link.
+
+    `address` is the kernel's `0000:18:00.0`; `name` is the HCA's InfiniBand
+    device (`mlx5_0`), None for a GPU. `aer_errors` holds each severity's
+    total (AER_SEVERITIES) and `aer_causes` the non-zero counts of that
+    severity's error names (`fatal:SDES`), both absent where unreadable.
+    """
+
+    address: str
+    kind: str
+    name: str | None = None
+    aer_errors: Mapping[str, int] = field(default_factory=dict)
+    aer_causes: Mapping[str, int] = field(default_factory=dict)
+    link_generation: int | None = None
+    link_width: int | None = None
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one source returned from one poll. A source fills only its own part."""
@@ -255,6 +289,7 @@ class Reading:
     xid_events: tuple[XidEvent, ...] = ()
     infiniband_devices: tuple[InfinibandDevice, ...] | None = None
     ports: tuple[PortSample, ...] | None = None
+    pcie_functions: tuple[PcieFunctionSample, ...] | None = None
     driver_version: str | None = None
     error: str | None = None  # the source as a whole failed this poll
 

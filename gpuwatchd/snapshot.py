@@ -14,6 +14,7 @@ from gpuwatchd.model import (
     Health,
     InfinibandDevice,
     Measurement,
+    PcieFunctionSample,
     PortSample,
     Quarantine,
 )
@@ -50,6 +51,7 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     infiniband_devices: tuple[InfinibandDevice, ...] = ()
     ports: tuple[PortSample, ...] = ()
+    pcie_functions: tuple[PcieFunctionSample, ...] = ()
     driver_version: str | None = None
     # Enabled sources: True when the last poll worked; the error text when not.
     source_up: Mapping[str, bool] = field(default_factory=dict)

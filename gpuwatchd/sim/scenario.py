@@ -41,7 +41,7 @@ import pynvml
 import yaml
 
 from gpuwatchd import capture as captures
-from gpuwatchd.model import GPU_RECOVERY_ACTIONS
+from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
 from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
 from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
@@ -78,6 +78,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # A GPU the NVSwitch fabric manager has not registered: not started, or
     # completed with the NVML error `code` (NOT_READY, ...).
     "fabric_unregistered": (frozenset({"gpu"}), frozenset({"code"})),
+    # PCIe AER errors of one GPU's or one HCA's function: `count` at `at`
+    # (1 without it), or `rate` while the fault lasts.
+    "aer_errors": (frozenset({"severity"}), frozenset({"gpu", "hca", "count", "rate"})),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -156,6 +159,7 @@ class Fault:
     counter: str | None = None  # an InfiniBand counter file's name
     width: int | None = None  # pcie_downtrained: lanes
     generation: int | None = None  # pcie_downtrained: PCIe generation
+    severity: str | None = None  # aer_errors: correctable, nonfatal or fatal
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -295,6 +299,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         generation=(
             _require_int(raw["generation"], "generation", label) if "generation" in raw else None
         ),
+        severity=_require_text(raw["severity"], "severity", label) if "severity" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -332,10 +337,10 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(
             f"{label}: hca {fault.hca!r} is not on the node (it has {', '.join(node.hca_names)})"
         )
-    if node.capture is not None and fault.kind.startswith("ib_"):
+    if node.capture is not None and (fault.kind.startswith("ib_") or fault.kind == "aer_errors"):
         raise ScenarioError(
-            f"{label}: a captured node's InfiniBand tree is replayed as captured; "
-            "ib faults need a simulated fabric (a node without `capture`)"
+            f"{label}: a captured node's sysfs tree is replayed as captured; "
+            "ib faults (and aer faults) need a simulated node (one without `capture`)"
         )
     if fault.port is not None and fault.port != 1:
         raise ScenarioError(f"{label}: port {fault.port} out of range (each HCA has port 1)")
@@ -360,7 +365,9 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
     if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
-    if fault.count is not None and not 0 < fault.count <= node.gpus:
+    if fault.kind == "aer_errors":
+        _check_aer(fault, label)
+    elif fault.count is not None and not 0 < fault.count <= node.gpus:
         raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
     if fault.kind == "ib_counter_pinned" and fault.counter not in COUNTER_BITS:
         known = ", ".join(sorted(COUNTER_BITS))
@@ -375,6 +382,18 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: generation must be 1-6, got {fault.generation}")
     if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
         raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
+
+
+def _check_aer(fault: Fault, label: str) -> None:
+    if fault.severity not in AER_SEVERITIES:
+        known = ", ".join(AER_SEVERITIES)
+        raise ScenarioError(f"{label}: unknown severity {fault.severity!r} (known: {known})")
+    if (fault.gpu is None) == (fault.hca is None):
+        raise ScenarioError(f"{label}: give either gpu or hca (whose PCIe function errs)")
+    if fault.count is not None and fault.rate is not None:
+        raise ScenarioError(f"{label}: give either count (at once) or rate (while it lasts)")
+    if fault.count is not None and not 0 < fault.count <= 1_000_000:
+        raise ScenarioError(f"{label}: count must be 1-1000000, got {fault.count}")
 
 
 def parse(text: str, name: str = "scenario", directory: str | None = None) -> Scenario:

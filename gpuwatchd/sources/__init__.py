@@ -26,6 +26,13 @@ class InfinibandSourceConfig:
     exclude_devices: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class PcieSourceConfig:
+    enabled: bool = True
+    # The root under which bus/pci/devices and class/infiniband are read.
+    sysfs_root: str = "/sys"
+
+
 class SourceUnavailable(RuntimeError):
     """The source cannot run on this machine at all (no NVML library, say)."""
 
