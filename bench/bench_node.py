@@ -61,7 +61,8 @@ def main() -> None:
         config, node = simulate(config, clock, scenarios.load("default"), root / "sysfs")
         # The simulator moves outside the timed part: writing its sysfs tree
         # is not the daemon's cost.
-        daemon = Daemon(config, build_sources(config, clock, xid_thread=False), clock)
+        sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
+        daemon = Daemon(config, sources, clock)
         polls: list[float] = []
         for _ in range(args.polls):
             node.advance(clock.now())

@@ -186,7 +186,8 @@ class GpuSample:
     # or the GPU does not report them).
     xid_events_received: bool | None = None
     nvlinks: tuple[LinkSample, ...] = ()
-    # Every XID seen on this GPU since the daemon started, counted per code.
+    # Every XID seen on this GPU this boot (the kernel log's, merged with NVML's
+    # events; since the daemon started where the log cannot be read), per code.
     xid_counts: Mapping[int, int] = field(default_factory=dict)
 
     @property

@@ -167,6 +167,15 @@ def test_nvml_faults_that_name_nothing_real_are_refused(fault: str, message: str
         parse(f"faults: [{fault[:-1]}, at: 1s}}]")
 
 
+def test_a_kernel_xid_is_logged_before_the_start_by_ago() -> None:
+    fault = parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 5m}]").faults[0]
+    assert (fault.gpu, fault.code, fault.ago) == (1, 79, 300)
+    with pytest.raises(ScenarioError, match="must be 0s"):
+        parse("faults: [{at: 5s, kind: kernel_xid, gpu: 1, code: 79}]")
+    with pytest.raises(ScenarioError, match="ago must be more than 0s and under 50m"):
+        parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 2h}]")
+
+
 def test_aer_errors_name_one_function_and_a_known_severity() -> None:
     fault = parse("faults: [{at: 1s, kind: aer_errors, hca: mlx5_0, severity: nonfatal}]")
     assert (fault.faults[0].hca, fault.faults[0].severity) == ("mlx5_0", "nonfatal")

@@ -10,11 +10,14 @@ InfiniBand tree from the capture (`gpuwatchd.sim.replay`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from gpuwatchd.clock import Clock
 from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.kmsg import SimulatedKernelLog
 from gpuwatchd.sim.pcie import SimulatedPcie
 from gpuwatchd.sim.replay import CapturedFabric, CapturedNode
 from gpuwatchd.sim.scenario import Scenario
@@ -48,13 +51,20 @@ class SimulatedNode:
             self.gpus = SimulatedGpus(scenario, start, self.captured.gpus())
             self.nvml = self.captured.fake(self.gpus, max_event_wait_seconds)
             self.fabric = self.captured.fabric(sysfs_root)
+        # Beside the sysfs tree: the kernel log the NVML source reads XIDs from.
+        self.kernel_log = SimulatedKernelLog(scenario, self.gpus, Path(sysfs_root) / "kmsg")
 
     def advance(self, now: float) -> None:
         """Move the hardware to wall time `now` (called before every poll)."""
         self.gpus.advance(now)
+        self.kernel_log.advance(now)
         self.fabric.advance(now)
         if self.pcie is not None:
             self.pcie.advance(now)
+
+    def uptime(self, clock: Clock) -> Callable[[], float]:
+        """The node's kernel time now, as `clock` moves."""
+        return lambda: self.kernel_log.uptime(clock.now())
 
     def install(self) -> SimulatedNode:
         """Make nvidia-ml-py talk to this node's fake library."""

@@ -67,6 +67,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "row_remap_pending": (frozenset({"gpu"}), frozenset()),
     "row_remap_failure": (frozenset({"gpu"}), frozenset()),
     "xid": (frozenset({"gpu", "code"}), frozenset()),
+    # An XID the driver logged `ago` (60s) before the daemon started: in the
+    # kernel log only, since NVML replays nothing from before its registration.
+    "kernel_xid": (frozenset({"gpu", "code"}), frozenset({"ago"})),
     "gpu_lost": (frozenset({"gpu"}), frozenset()),
     "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
     "reset_required": (frozenset({"gpu"}), frozenset()),
@@ -91,7 +94,7 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
 # Kinds that describe the node as it booted: they must start at 0s.
-FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing"})
+FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid"})
 
 # NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
 NVML_ERRORS: Mapping[int, str] = {
@@ -160,6 +163,7 @@ class Fault:
     width: int | None = None  # pcie_downtrained: lanes
     generation: int | None = None  # pcie_downtrained: PCIe generation
     severity: str | None = None  # aer_errors: correctable, nonfatal or fatal
+    ago: float | None = None  # kernel_xid: seconds before the start it was logged
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -277,6 +281,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         at = parse_duration(raw["at"])
         until = at + parse_duration(raw["for"]) if "for" in raw else math.inf
         rate = parse_rate(raw["rate"]) if "rate" in raw else None
+        ago = parse_duration(raw["ago"]) if "ago" in raw else None
     except ValueError as error:
         raise ScenarioError(f"{label}: {error}") from error
     fault = Fault(
@@ -300,6 +305,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
             _require_int(raw["generation"], "generation", label) if "generation" in raw else None
         ),
         severity=_require_text(raw["severity"], "severity", label) if "severity" in raw else None,
+        ago=ago,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -356,9 +362,11 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
             f"{label}: call {fault.call!r} is no NVML device function or field id "
             "(such as nvmlDeviceGetRemappedRows or NVML_FI_DEV_MEMORY_TEMP)"
         )
-    xid_code = fault.kind in ("xid", "ecc_uncorrectable")
+    xid_code = fault.kind in ("xid", "ecc_uncorrectable", "kernel_xid")
     if xid_code and fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.ago is not None and not 0 < fault.ago < 3000:
+        raise ScenarioError(f"{label}: ago must be more than 0s and under 50m, got {fault.ago:g}s")
     if fault.mhz is not None and not 0 < fault.mhz < 10000:
         raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:

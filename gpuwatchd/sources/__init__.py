@@ -14,6 +14,9 @@ class NvmlSourceConfig:
     enabled: bool = True
     # Listen for XID critical errors through an NVML event set.
     xid_events: bool = True
+    # The kernel log whose `NVRM: Xid` lines count the boot's XIDs from before
+    # the daemon started, and any NVML did not report; null: NVML's events only.
+    kernel_log: str | None = "/dev/kmsg"
 
 
 @dataclass(frozen=True)
