@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from gpuwatchd import __version__
 from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
-from gpuwatchd.export import actions, gpu, health, infiniband, pcie
+from gpuwatchd.export import actions, config, gpu, health, infiniband, pcie
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -58,6 +58,7 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
 RENDERERS: tuple[FamilyRenderer, ...] = (
     _daemon_families,
     gpu.families,
+    config.families,
     infiniband.families,
     pcie.families,
     health.families,

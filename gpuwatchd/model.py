@@ -138,6 +138,12 @@ class GpuSample:
     throttle_seconds: Mapping[str, float] = field(default_factory=dict)  # THROTTLE_REASONS
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # Configuration that GPUs of one node should share (checks/config_drift.py):
+    # nvmlDeviceGetVbiosVersion, and the current ECC, persistence and MIG modes.
+    vbios_version: str | None = None
+    ecc_enabled: bool | None = None
+    persistence_enabled: bool | None = None
+    mig_enabled: bool | None = None
     # Energy since the driver was last loaded (nvmlDeviceGetTotalEnergyConsumption).
     energy_joules: float | None = None
     # Framebuffer (device memory) by use. With nvmlDeviceGetMemoryInfo_v2 the

@@ -104,6 +104,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "width": 8,
         "generation": 4,
         "severity": "fatal",
+        "setting": "ecc_mode",
     }
     values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():
@@ -174,6 +175,16 @@ def test_a_kernel_xid_is_logged_before_the_start_by_ago() -> None:
         parse("faults: [{at: 5s, kind: kernel_xid, gpu: 1, code: 79}]")
     with pytest.raises(ScenarioError, match="ago must be more than 0s and under 50m"):
         parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 2h}]")
+
+
+def test_config_drift_names_a_known_setting_and_a_value_it_can_take() -> None:
+    text = "faults: [{at: 1s, kind: config_drift, gpu: 0, setting: power_limit, value: 500}]"
+    fault = parse(text).faults[0]
+    assert (fault.setting, fault.value) == ("power_limit", "500")
+    with pytest.raises(ScenarioError, match="unknown setting 'clocks'"):
+        parse("faults: [{at: 1s, kind: config_drift, gpu: 0, setting: clocks}]")
+    with pytest.raises(ScenarioError, match=r"ecc_mode is 0 \(disabled\) or 1"):
+        parse("faults: [{at: 1s, kind: config_drift, gpu: 0, setting: ecc_mode, value: on}]")
 
 
 def test_aer_errors_name_one_function_and_a_known_severity() -> None:

@@ -116,6 +116,15 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         60,
     ),
+    # Warning only: the GPUs work, and the daemon never changes a setting.
+    "config_drift": Expected(
+        "{kind: config_drift, gpu: 1, setting: ecc_mode}",
+        "node",
+        "config_drift",
+        Severity.WARN,
+        Health.DEGRADED,
+        40,
+    ),
     "nvlink_crc_storm": Expected(
         "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",
         "nvlink:1/2",

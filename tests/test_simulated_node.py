@@ -48,6 +48,7 @@ GPU_FAMILIES = {
     "gpuwatchd_infiniband_port_data_received_bytes": 8,
     # Each GPU's and HCA's PCIe function, by severity.
     "gpuwatchd_pcie_aer_errors": (8 + 8) * 3,
+    "gpuwatchd_gpu_config_info": 8,
 }
 
 

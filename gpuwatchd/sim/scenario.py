@@ -84,6 +84,10 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # PCIe AER errors of one GPU's or one HCA's function: `count` at `at`
     # (1 without it), or `rate` while the fault lasts.
     "aer_errors": (frozenset({"severity"}), frozenset({"gpu", "hca", "count", "rate"})),
+    # One GPU's configuration unlike its siblings': `setting` (CONFIG_SETTINGS)
+    # with `value`, or a default unlike the others (ECC, persistence off, MIG
+    # on, an older VBIOS, a power limit 100 W lower).
+    "config_drift": (frozenset({"gpu", "setting"}), frozenset({"value"})),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -93,6 +97,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+# The settings a config_drift fault changes (checks/config_drift.py compares
+# these and the application clocks).
+CONFIG_SETTINGS = ("vbios_version", "ecc_mode", "persistence_mode", "mig_mode", "power_limit")
 # Kinds that describe the node as it booted: they must start at 0s.
 FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid"})
 
@@ -164,6 +171,8 @@ class Fault:
     generation: int | None = None  # pcie_downtrained: PCIe generation
     severity: str | None = None  # aer_errors: correctable, nonfatal or fatal
     ago: float | None = None  # kernel_xid: seconds before the start it was logged
+    setting: str | None = None  # config_drift: one of CONFIG_SETTINGS
+    value: str | None = None  # config_drift: what the setting reads (text)
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -306,6 +315,8 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         ),
         severity=_require_text(raw["severity"], "severity", label) if "severity" in raw else None,
         ago=ago,
+        setting=_require_text(raw["setting"], "setting", label) if "setting" in raw else None,
+        value=str(raw["value"]) if "value" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -373,6 +384,11 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
     if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
+    if fault.setting is not None and fault.setting not in CONFIG_SETTINGS:
+        known = ", ".join(CONFIG_SETTINGS)
+        raise ScenarioError(f"{label}: unknown setting {fault.setting!r} (known: {known})")
+    if fault.setting is not None and fault.value is not None:
+        _check_setting_value(fault.setting, fault.value, label)
     if fault.kind == "aer_errors":
         _check_aer(fault, label)
     elif fault.count is not None and not 0 < fault.count <= node.gpus:
@@ -390,6 +406,20 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: generation must be 1-6, got {fault.generation}")
     if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
         raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
+
+
+def _check_setting_value(setting: str, value: str, label: str) -> None:
+    if setting in ("ecc_mode", "persistence_mode", "mig_mode") and value not in ("0", "1"):
+        raise ScenarioError(f"{label}: {setting} is 0 (disabled) or 1 (enabled), got {value!r}")
+    if setting == "power_limit":
+        try:
+            watts = float(value)
+        except ValueError:
+            watts = math.nan
+        if not 0 < watts < 10_000:
+            raise ScenarioError(f"{label}: power_limit is watts (1-9999), got {value!r}")
+    if setting == "vbios_version" and not 0 < len(value) < 32:
+        raise ScenarioError(f"{label}: vbios_version must be 1-31 characters")
 
 
 def _check_aer(fault: Fault, label: str) -> None:

@@ -218,6 +218,12 @@ _SCALARS = (
     _Scalar("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", convert=int),
     _Scalar("pcie_link_max_width", "nvmlDeviceGetMaxPcieLinkWidth", convert=int),
     _Scalar("pcie_replays", "nvmlDeviceGetPcieReplayCounter", convert=int),
+    # Configuration, compared across the node's GPUs (checks/config_drift.py).
+    # The ECC and MIG calls answer [current, pending]; the current mode counts.
+    _Scalar("vbios_version", "nvmlDeviceGetVbiosVersion", convert=str),
+    _Scalar("ecc_enabled", "nvmlDeviceGetEccMode", convert=lambda modes: bool(modes[0])),
+    _Scalar("persistence_enabled", "nvmlDeviceGetPersistenceMode", convert=bool),
+    _Scalar("mig_enabled", "nvmlDeviceGetMigMode", convert=lambda modes: bool(modes[0])),
 )
 
 
