@@ -59,6 +59,9 @@ def test_the_drivers_xid_line_forms_are_parsed_and_other_records_are_not() -> No
     assert parsed[1] is not None and parsed[1].uptime == 5.0 and parsed[1].sequence == 1
     assert parse_xid_record("6,9,1000000,-;NVRM: loading NVIDIA UNIX Kernel Module") is None
     assert parse_xid_record(" SUBSYSTEM=pci") is None
+    # Written to /dev/kmsg by a process: the kernel gives it facility LOG_USER (1).
+    forged = record(7, 5.0, xid_line(GPU0, 79), level=1 * 8 + 4).splitlines()[0]
+    assert parse_xid_record(forged) is None
     assert parse_xid_record("NVRM: Xid (PCI:0000:05:00): 79, not a kmsg record") is None
 
 

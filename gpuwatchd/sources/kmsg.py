@@ -55,6 +55,7 @@ _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?\)"
     r": (\d{1,4}),"
 )
+KERNEL_FACILITY = 0
 # The kernel's records are at most 1 KiB of text (PRINTK_MESSAGE_MAX); a read
 # of /dev/kmsg with a smaller buffer fails with EINVAL.
 READ_BYTES = 16384
@@ -77,9 +78,16 @@ class KernelXid:
 
 
 def parse_xid_record(line: str) -> KernelXid | None:
-    """A kmsg record's XID, or None for any other record (or a line that is none)."""
+    """A kmsg record's XID, or None for any other record (or a line that is none).
+
+    Only the kernel's own records count: their facility is 0, and the kernel
+    gives every record a process writes to /dev/kmsg a facility of at least
+    LOG_USER "to reliably distinguish kernel-generated messages from
+    userspace-injected ones" (kernel/printk/printk.c, devkmsg_write), so a
+    forged `NVRM: Xid` line cannot condemn a GPU.
+    """
     record = _RECORD_RE.match(line)
-    if record is None:
+    if record is None or int(record.group(1)) >> 3 != KERNEL_FACILITY:
         return None
     xid = _XID_RE.search(record.group(4))
     if xid is None:
