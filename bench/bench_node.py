@@ -56,7 +56,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         config = Config(daemon=DaemonConfig(state_dir=str(root / "state")))
-        config = config.only_sources(("nvml", "infiniband"))
+        config = config.only_sources(("nvml", "infiniband", "pcie"))
         clock = FakeClock()
         config, node = simulate(config, clock, scenarios.load("default"), root / "sysfs")
         # The simulator moves outside the timed part: writing its sysfs tree
