@@ -23,8 +23,9 @@ ports). The PCIe specification and the kernel's AER guide
   has a worse link than PCIe specifies. Without the link's speed there is no
   allowance and nothing is judged.
 
-Counts are the kernel's since boot; only growth seen while the daemon runs
-is judged (the counters themselves are exported from boot on). A function the
+Counts are the kernel's since boot; only growth is judged, from the first
+sample the daemon saw (its last one before a restart, which the state
+database keeps) on; the counters themselves are exported from boot on. A function the
 checks cannot name (a GPU NVML does not list, an HCA with no port read) is
 judged on the node, at warning at most.
 """
