@@ -70,12 +70,13 @@ class NodeRun:
 
 @contextlib.contextmanager
 def node_run(root: Path, scenario: scenarios.Scenario) -> Iterator[NodeRun]:
-    """`scenario`'s node under `root`, read by NVML and InfiniBand sources."""
+    """`scenario`'s node under `root`, read by the NVML, InfiniBand and PCIe sources."""
     config = Config(daemon=DaemonConfig(state_dir=str(root / "state")))
-    config = config.only_sources(("nvml", "infiniband"))
+    config = config.only_sources(("nvml", "infiniband", "pcie"))
     clock = FakeClock()
     config, node = simulate(config, clock, scenario, root / "sysfs")
-    daemon = Daemon(config, build_sources(config, clock, xid_thread=False), clock)
+    sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
+    daemon = Daemon(config, sources, clock)
     try:
         yield NodeRun(daemon, node, clock, config)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import replace
@@ -24,7 +25,9 @@ from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
 from gpuwatchd.sources.infiniband import InfinibandSource
+from gpuwatchd.sources.kmsg import system_uptime
 from gpuwatchd.sources.nvml import NvmlSource
+from gpuwatchd.sources.pcie import PcieSource
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +91,20 @@ def build_canary(
     )
 
 
-def build_sources(config: Config, clock: Clock, xid_thread: bool = True) -> list[Source]:
+def build_sources(
+    config: Config,
+    clock: Clock,
+    xid_thread: bool = True,
+    uptime: Callable[[], float] = system_uptime,
+) -> list[Source]:
+    """`uptime`: the kernel log's clock (a simulated node's own)."""
     sources: list[Source] = []
     if config.sources.nvml.enabled:
-        sources.append(NvmlSource(clock, config.sources.nvml, xid_thread=xid_thread))
+        sources.append(NvmlSource(clock, config.sources.nvml, xid_thread, uptime))
     if config.sources.infiniband.enabled:
         sources.append(InfinibandSource(config.sources.infiniband))
+    if config.sources.pcie.enabled:
+        sources.append(PcieSource(config.sources.pcie))
     return sources
 
 
@@ -103,7 +114,13 @@ def simulate(
     """A simulated node installed under nvidia-ml-py, and the config that reads it."""
     node = SimulatedNode(scenario, sysfs_root, clock.now()).install()
     infiniband = replace(config.sources.infiniband, sysfs_root=str(sysfs_root))
-    config = replace(config, sources=replace(config.sources, infiniband=infiniband))
+    # A capture holds no PCIe tree: a captured node has no PCIe source to read.
+    captured = scenario.node.capture is not None
+    enabled = config.sources.pcie.enabled and not captured
+    pcie = replace(config.sources.pcie, sysfs_root=str(sysfs_root), enabled=enabled)
+    nvml = replace(config.sources.nvml, kernel_log=str(node.kernel_log.path))
+    sources = replace(config.sources, nvml=nvml, infiniband=infiniband, pcie=pcie)
+    config = replace(config, sources=sources)
     return _expecting_the_scenario_node(config, scenario), node
 
 
@@ -137,7 +154,7 @@ def build_daemon(
         stack.callback(node.uninstall)
         daemon = Daemon(
             config,
-            build_sources(config, clock),
+            build_sources(config, clock, uptime=node.uptime(clock)),
             clock,
             before_poll=node.advance,
             canary=build_canary(config, clock, chosen),

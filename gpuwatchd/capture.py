@@ -25,7 +25,7 @@ import errno
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -233,6 +233,8 @@ def capture_nvml(
 ) -> dict[str, Any]:
     """Poll the NVML source `polls` times through a Recorder; what it recorded."""
     recorder = Recorder()
+    # A capture records NVML's answers; the kernel log is none of them.
+    config = replace(config, kernel_log=None)
     with nvml_source.binding(recorder):
         try:
             source = nvml_source.NvmlSource(clock, config, xid_thread=False)

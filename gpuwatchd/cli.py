@@ -125,7 +125,11 @@ def _apply_overrides(
         raise click.UsageError(str(error)) from error
     chosen = config.sources
     if sysfs_root is not None:
-        chosen = replace(chosen, infiniband=replace(chosen.infiniband, sysfs_root=sysfs_root))
+        chosen = replace(
+            chosen,
+            infiniband=replace(chosen.infiniband, sysfs_root=sysfs_root),
+            pcie=replace(chosen.pcie, sysfs_root=sysfs_root),
+        )
     return replace(config, daemon=daemon, sources=chosen)
 
 
@@ -169,7 +173,9 @@ def main(ctx: click.Context) -> None:
     help="Run only this source (repeatable).",
 )
 @click.option(
-    "--sysfs-root", type=click.Path(file_okay=False), help="Read InfiniBand under this root."
+    "--sysfs-root",
+    type=click.Path(file_okay=False),
+    help="Read InfiniBand and PCIe under this root.",
 )
 @click.option(
     "--log-level",

@@ -21,13 +21,13 @@ from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.policy import PolicyConfig
 from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
-from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
+from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig, PcieSourceConfig
 from gpuwatchd.units import format_duration
 
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
 DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
-SOURCE_NAMES = ("nvml", "infiniband", "canary")
+SOURCE_NAMES = ("nvml", "infiniband", "pcie", "canary")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # A shorter interval is a busy loop, not monitoring.
 MIN_POLL_INTERVAL = 0.1
@@ -71,6 +71,7 @@ class DaemonConfig:
 class SourcesConfig:
     nvml: NvmlSourceConfig = field(default_factory=NvmlSourceConfig)
     infiniband: InfinibandSourceConfig = field(default_factory=InfinibandSourceConfig)
+    pcie: PcieSourceConfig = field(default_factory=PcieSourceConfig)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Config:
         enabled = {
             "nvml": self.sources.nvml.enabled,
             "infiniband": self.sources.infiniband.enabled,
+            "pcie": self.sources.pcie.enabled,
             "canary": self.canary.enabled,
         }
         return tuple(name for name in SOURCE_NAMES if enabled[name])
@@ -149,6 +151,7 @@ class Config:
             self.sources,
             nvml=replace(self.sources.nvml, enabled="nvml" in names),
             infiniband=replace(self.sources.infiniband, enabled="infiniband" in names),
+            pcie=replace(self.sources.pcie, enabled="pcie" in names),
         )
         return replace(
             self, sources=sources, canary=replace(self.canary, enabled="canary" in names)
@@ -171,6 +174,8 @@ def _history_needs(checks: ChecksConfig) -> dict[str, float]:
         "checks.infiniband.flap_window": checks.infiniband.flap_window,
         "checks.infiniband.ber_window": checks.infiniband.ber_window,
         "checks.infiniband.congestion_window": checks.infiniband.congestion_window,
+        "checks.aer.window": checks.aer.window,
+        "checks.aer.correctable_window": checks.aer.correctable_window,
     }
 
 

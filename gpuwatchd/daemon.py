@@ -67,12 +67,14 @@ def _gathered(readings: tuple[Reading, ...], now: float, polls: int) -> Snapshot
     gpus = tuple(gpu for reading in readings for gpu in reading.gpus or ())
     devices = tuple(device for reading in readings for device in reading.infiniband_devices or ())
     ports = tuple(port for reading in readings for port in reading.ports or ())
+    functions = tuple(f for reading in readings for f in reading.pcie_functions or ())
     driver = next((r.driver_version for r in readings if r.driver_version), None)
     return Snapshot(
         time=now,
         gpus=tuple(sorted(gpus, key=lambda gpu: gpu.index)),
         infiniband_devices=tuple(sorted(devices, key=lambda device: device.device)),
         ports=tuple(sorted(ports, key=lambda port: (port.device, port.port))),
+        pcie_functions=tuple(sorted(functions, key=lambda function: function.address)),
         driver_version=driver,
         source_up={reading.source: reading.error is None for reading in readings},
         source_errors={r.source: r.error for r in readings if r.error is not None},

@@ -34,7 +34,7 @@ from gpuwatchd import __version__
 from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
 from gpuwatchd.encoding import encode
-from gpuwatchd.export import actions, gpu, health, infiniband
+from gpuwatchd.export import actions, config, gpu, health, infiniband, pcie
 from gpuwatchd.export.detail import troubled
 from gpuwatchd.snapshot import Snapshot
 
@@ -76,7 +76,9 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
 RENDERERS: tuple[FamilyRenderer, ...] = (
     _daemon_families,
     gpu.families,
+    config.families,
     infiniband.families,
+    pcie.families,
     health.families,
     actions.families,
     lambda snapshot: (

@@ -31,7 +31,7 @@ from operator import add
 from typing import Generic, Protocol, TypeVar
 
 from gpuwatchd.counters import Increase, is_saturated
-from gpuwatchd.model import GpuSample, PortSample, Reading, XidEvent
+from gpuwatchd.model import GpuSample, PcieFunctionSample, PortSample, Reading, XidEvent
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -377,6 +377,7 @@ class History:
         self._gpus: dict[int, Track[GpuSample]] = {}
         self._ports: dict[tuple[str, int], Track[PortSample]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
+        self._functions: dict[str, Track[PcieFunctionSample]] = {}
         self.now = 0.0
         # When a reading last said which ports there are (none is an answer too).
         self.last_port_poll: float | None = None
@@ -396,6 +397,13 @@ class History:
             if ring is None:
                 ring = self._ports[key] = Track(self.max_samples, self._spacing)
             ring.append(reading.time, port)
+        for function in reading.pcie_functions or ():
+            functions = self._functions.get(function.address)
+            if functions is None:
+                functions = self._functions[function.address] = Track(
+                    self.max_samples, self._spacing
+                )
+            functions.append(reading.time, function)
         self._xids.extend(reading.xid_events)
         self._expire()
 
@@ -405,6 +413,8 @@ class History:
             gpu.expire(oldest)
         for port in self._ports.values():
             port.expire(oldest)
+        for function in self._functions.values():
+            function.expire(oldest)
         while self._xids and self._xids[0].time < oldest:
             self._xids.popleft()
 
@@ -438,6 +448,13 @@ class History:
     def latest_port(self, device: str, port: int) -> PortSample | None:
         track = self._ports.get((device, port))
         return track.latest() if track is not None else None
+
+    def pcie_addresses(self) -> list[str]:
+        return sorted(self._functions)
+
+    def pcie_function(self, address: str) -> Sequence[tuple[float, PcieFunctionSample]]:
+        track = self._functions.get(address)
+        return track.items() if track is not None else ()
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]

@@ -138,6 +138,12 @@ class GpuSample:
     throttle_seconds: Mapping[str, float] = field(default_factory=dict)  # THROTTLE_REASONS
     power_watts: float | None = None
     power_limit_watts: float | None = None
+    # Configuration that GPUs of one node should share (checks/config_drift.py):
+    # nvmlDeviceGetVbiosVersion, and the current ECC, persistence and MIG modes.
+    vbios_version: str | None = None
+    ecc_enabled: bool | None = None
+    persistence_enabled: bool | None = None
+    mig_enabled: bool | None = None
     # Energy since the driver was last loaded (nvmlDeviceGetTotalEnergyConsumption).
     energy_joules: float | None = None
     # Framebuffer (device memory) by use. With nvmlDeviceGetMemoryInfo_v2 the
@@ -190,7 +196,8 @@ class GpuSample:
     # or the GPU does not report them).
     xid_events_received: bool | None = None
     nvlinks: tuple[LinkSample, ...] = ()
-    # Every XID seen on this GPU since the daemon started, counted per code.
+    # Every XID seen on this GPU this boot (the kernel log's, merged with NVML's
+    # events; since the daemon started where the log cannot be read), per code.
     xid_counts: Mapping[int, int] = field(default_factory=dict)
 
     @property
@@ -254,6 +261,40 @@ class PortSample:
         return f"ib:{self.device}/{self.port}"
 
 
+# PCIe Advanced Error Reporting severities, under the label values of
+# gpuwatchd_pcie_aer_errors_total{severity}, with the sysfs file of each and the
+# name of the total line that closes it (drivers/pci/pcie/aer.c, aer_stats_attrs).
+AER_SEVERITIES: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "correctable": ("aer_dev_correctable", "TOTAL_ERR_COR"),
+        "nonfatal": ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+        "fatal": ("aer_dev_fatal", "TOTAL_ERR_FATAL"),
+    }
+)
+# What a PCIe function watched for AER is: a GPU, or an InfiniBand HCA.
+PCIE_FUNCTION_KINDS: tuple[str, ...] = ("gpu", "hca")
+
+
+@dataclass(frozen=True)
+class PcieFunctionSample:
+    """One PCIe function (a GPU or an HCA) as sysfs shows it under
+    `bus/pci/devices/<address>`: its AER counters since boot and its link.
+
+    `address` is the kernel's `0000:18:00.0`; `name` is the HCA's InfiniBand
+    device (`mlx5_0`), None for a GPU. `aer_errors` holds each severity's
+    total (AER_SEVERITIES) and `aer_causes` the non-zero counts of that
+    severity's error names (`fatal:SDES`), both absent where unreadable.
+    """
+
+    address: str
+    kind: str
+    name: str | None = None
+    aer_errors: Mapping[str, int] = field(default_factory=dict)
+    aer_causes: Mapping[str, int] = field(default_factory=dict)
+    link_generation: int | None = None
+    link_width: int | None = None
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one source returned from one poll. A source fills only its own part."""
@@ -264,6 +305,7 @@ class Reading:
     xid_events: tuple[XidEvent, ...] = ()
     infiniband_devices: tuple[InfinibandDevice, ...] | None = None
     ports: tuple[PortSample, ...] | None = None
+    pcie_functions: tuple[PcieFunctionSample, ...] | None = None
     driver_version: str | None = None
     error: str | None = None  # the source as a whole failed this poll
 

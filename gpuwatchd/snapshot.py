@@ -15,6 +15,7 @@ from gpuwatchd.model import (
     Health,
     InfinibandDevice,
     Measurement,
+    PcieFunctionSample,
     PortSample,
     Quarantine,
 )
@@ -51,6 +52,7 @@ class Snapshot:
     gpus: tuple[GpuSample, ...] = ()
     infiniband_devices: tuple[InfinibandDevice, ...] = ()
     ports: tuple[PortSample, ...] = ()
+    pcie_functions: tuple[PcieFunctionSample, ...] = ()
     driver_version: str | None = None
     # Enabled sources: True when the last poll worked; the error text when not.
     source_up: Mapping[str, bool] = field(default_factory=dict)

@@ -37,7 +37,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gpuwatchd.checks.xid import BootRecord, BootXid
-from gpuwatchd.model import Decision, GpuSample, LinkSample, PortSample, Quarantine, Reading
+from gpuwatchd.model import (
+    Decision,
+    GpuSample,
+    LinkSample,
+    PcieFunctionSample,
+    PortSample,
+    Quarantine,
+    Reading,
+)
 from gpuwatchd.policy import (
     D,
     ManualResult,
@@ -647,7 +655,7 @@ class Store:
     # --- samples across restarts --------------------------------------------------
 
     def last_readings(self, now: float, max_age: float) -> tuple[Reading, ...]:
-        """The last saved sample of every GPU and port no older than `max_age`,
+        """The last saved sample of every GPU, port and PCIe function no older than `max_age`,
         as readings to record into History before the first poll."""
         with self._reading() as db:
             rows = db.execute(
@@ -656,11 +664,14 @@ class Store:
             ).fetchall()
         gpus: dict[float, list[GpuSample]] = defaultdict(list)
         ports: dict[float, list[PortSample]] = defaultdict(list)
+        functions: dict[float, list[PcieFunctionSample]] = defaultdict(list)
         for row in rows:
             try:
                 data = json.loads(row["data"])
                 if row["kind"] == "gpu":
                     gpus[row["time"]].append(_decode_gpu(data))
+                elif row["kind"] == "pcie":
+                    functions[row["time"]].append(_decode_pcie(data))
                 else:
                     ports[row["time"]].append(_decode_port(data))
             except (ValueError, TypeError, KeyError) as error:
@@ -672,8 +683,9 @@ class Store:
                 time=time,
                 gpus=tuple(gpus[time]) if time in gpus else None,
                 ports=tuple(ports[time]) if time in ports else None,
+                pcie_functions=tuple(functions[time]) if time in functions else None,
             )
-            for time in sorted(gpus.keys() | ports.keys())
+            for time in sorted(gpus.keys() | ports.keys() | functions.keys())
         )
 
     # --- internals ------------------------------------------------------------------
@@ -891,6 +903,16 @@ class Store:
                 (port.subject, reading.time, json.dumps(_encode_port(port)))
                 for reading in readings
                 for port in reading.ports or ()
+            ],
+        )
+        # The AER counters' baseline: an error while the daemon was down
+        # still shows as growth after it starts.
+        db.executemany(
+            "INSERT OR REPLACE INTO last_samples VALUES (?, 'pcie', ?, ?)",
+            [
+                (f"pcie:{function.address}", reading.time, json.dumps(_encode_pcie(function)))
+                for reading in readings
+                for function in reading.pcie_functions or ()
             ],
         )
 
@@ -1119,6 +1141,18 @@ def _encode_port(sample: PortSample) -> dict[str, Any]:
     data["counters"] = dict(sample.counters)
     data["hw_counters"] = dict(sample.hw_counters)
     return data
+
+
+def _encode_pcie(sample: PcieFunctionSample) -> dict[str, Any]:
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PcieFunctionSample)}
+    data["aer_errors"] = dict(sample.aer_errors)
+    data["aer_causes"] = dict(sample.aer_causes)
+    return data
+
+
+def _decode_pcie(data: Mapping[str, Any]) -> PcieFunctionSample:
+    known = {f.name for f in fields(PcieFunctionSample)}
+    return PcieFunctionSample(**{key: value for key, value in data.items() if key in known})
 
 
 def _decode_port(data: Mapping[str, Any]) -> PortSample:

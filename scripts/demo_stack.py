@@ -104,6 +104,9 @@ NODES: tuple[Node, ...] = (
                 {"at": "2s", "kind": "nvlink_crc_storm", "gpu": 5, "link": 7, "rate": "2000/s"},
                 {"at": "2s", "kind": "nvlink_down", "gpu": 2, "link": 3},
                 {"at": "2s", "kind": "ib_port_down", "hca": "mlx5_1", "port": 1},
+                # One GPU with ECC off: the node's GPUs disagree, and the node
+                # differs from its cluster (the fleet's configuration drift row).
+                {"at": "2s", "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},
                 {"at": "2s", "kind": "ib_link_flap", "hca": "mlx5_2", "port": 1, "rate": "20/min"},
                 {
                     "at": "2s",

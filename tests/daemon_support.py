@@ -73,7 +73,7 @@ def simulated_daemon(
     scenario = scenarios.parse(scenario_text, "test-scenario")
     config, node = simulate(config, clock, scenario, state_dir / "sysfs")
     agent = build_canary(config, clock, scenario, run_in_process, InlineExecutor())
-    sources = build_sources(config, clock, xid_thread=False)
+    sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
     daemon = Daemon(config, sources, clock, node.advance, canary=agent)
     try:
         yield SimulatedDaemon(daemon, clock, node, clock.now())

@@ -67,7 +67,9 @@ def simulated_node(
     with FakeNvml(hardware, driver_version=driver_version, max_wait_s=0.02) as fake:
         if before_start is not None:
             before_start(fake)
-        source = NvmlSource(clock, config or NvmlSourceConfig(), xid_thread=xid_thread)
+        # Not the host's /dev/kmsg: these nodes have no kernel log (tests/test_kernel_xids.py).
+        config = config or NvmlSourceConfig(kernel_log=None)
+        source = NvmlSource(clock, config, xid_thread=xid_thread)
         try:
             yield SimulatedNode(clock, hardware, fake, source)
         finally:

@@ -80,7 +80,7 @@ def _capture_of(
 
 
 def _poll(node: SimulatedNode, clock: FakeClock) -> Reading:
-    source = NvmlSource(clock, NvmlSourceConfig(), xid_thread=False)
+    source = NvmlSource(clock, NvmlSourceConfig(kernel_log=None), xid_thread=False)
     try:
         node.advance(clock.now())
         return source.poll(clock.now())

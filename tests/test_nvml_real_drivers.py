@@ -115,7 +115,7 @@ def test_a_recovery_action_survives_a_daemon_restart_because_it_is_read() -> Non
     with simulated_node("[{at: 5s, kind: recovery_action, gpu: 0, action: gpu_reset}]") as node:
         node.poll_at(10)
         node.source.close()
-        restarted = NvmlSource(node.clock, NvmlSourceConfig(), xid_thread=False)
+        restarted = NvmlSource(node.clock, NvmlSourceConfig(kernel_log=None), xid_thread=False)
         try:
             reading = restarted.poll(node.clock.now())
         finally:

@@ -385,7 +385,7 @@ def test_gpu_without_xid_events_is_not_registered() -> None:
 
 
 def test_xid_events_off_in_config_counts_none() -> None:
-    config = NvmlSourceConfig(xid_events=False)
+    config = NvmlSourceConfig(xid_events=False, kernel_log=None)
     with simulated_node("[{at: 5s, kind: xid, gpu: 0, code: 31}]", config=config) as node:
         reading = node.poll_at(10)
         assert reading.xid_events == ()

@@ -40,6 +40,8 @@ EXPORTED_METRICS = frozenset(
         "gpuwatchd_gpu_pcie_link_width",
         "gpuwatchd_gpu_pcie_link_max_width",
         "gpuwatchd_gpu_pcie_replays_total",
+        "gpuwatchd_pcie_aer_errors_total",
+        "gpuwatchd_gpu_config_info",
         "gpuwatchd_gpu_fabric_state_id",
         "gpuwatchd_gpu_fabric_status",
         "gpuwatchd_gpu_framebuffer_bytes",

@@ -103,6 +103,8 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "mhz": 1410,
         "width": 8,
         "generation": 4,
+        "severity": "fatal",
+        "setting": "ecc_mode",
     }
     values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():
@@ -110,6 +112,8 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         fault = {"at": at, "kind": kind, **{name: values[name] for name in required}}
         if kind == "nvml_error":
             fault["code"] = "not_supported"
+        if kind == "aer_errors":
+            fault["gpu"] = 0  # or hca: one of the two names the function
         assert parse(f"faults: [{fault}]".replace("'", '"')).faults[0].kind == kind
 
 
@@ -162,6 +166,36 @@ def test_an_nvml_error_fault_takes_the_code_by_name_or_number() -> None:
 def test_nvml_faults_that_name_nothing_real_are_refused(fault: str, message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         parse(f"faults: [{fault[:-1]}, at: 1s}}]")
+
+
+def test_a_kernel_xid_is_logged_before_the_start_by_ago() -> None:
+    fault = parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 5m}]").faults[0]
+    assert (fault.gpu, fault.code, fault.ago) == (1, 79, 300)
+    with pytest.raises(ScenarioError, match="must be 0s"):
+        parse("faults: [{at: 5s, kind: kernel_xid, gpu: 1, code: 79}]")
+    with pytest.raises(ScenarioError, match="ago must be more than 0s and under 50m"):
+        parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 2h}]")
+
+
+def test_config_drift_names_a_known_setting_and_a_value_it_can_take() -> None:
+    text = "faults: [{at: 1s, kind: config_drift, gpu: 0, setting: power_limit, value: 500}]"
+    fault = parse(text).faults[0]
+    assert (fault.setting, fault.value) == ("power_limit", "500")
+    with pytest.raises(ScenarioError, match="unknown setting 'clocks'"):
+        parse("faults: [{at: 1s, kind: config_drift, gpu: 0, setting: clocks}]")
+    with pytest.raises(ScenarioError, match=r"ecc_mode is 0 \(disabled\) or 1"):
+        parse("faults: [{at: 1s, kind: config_drift, gpu: 0, setting: ecc_mode, value: on}]")
+
+
+def test_aer_errors_name_one_function_and_a_known_severity() -> None:
+    fault = parse("faults: [{at: 1s, kind: aer_errors, hca: mlx5_0, severity: nonfatal}]")
+    assert (fault.faults[0].hca, fault.faults[0].severity) == ("mlx5_0", "nonfatal")
+    with pytest.raises(ScenarioError, match="give either gpu or hca"):
+        parse("faults: [{at: 1s, kind: aer_errors, gpu: 0, hca: mlx5_0, severity: fatal}]")
+    with pytest.raises(ScenarioError, match="unknown severity 'uncorrectable'"):
+        parse("faults: [{at: 1s, kind: aer_errors, gpu: 0, severity: uncorrectable}]")
+    with pytest.raises(ScenarioError, match="give either count"):
+        parse("faults: [{at: 1s, kind: aer_errors, gpu: 0, severity: fatal, count: 2, rate: 1/s}]")
 
 
 def test_pcie_downtrained_takes_a_link_width_and_generation() -> None:

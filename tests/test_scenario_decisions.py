@@ -88,6 +88,43 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         60,
     ),
+    # A fatal PCIe error: critical, confirmed by policy before the quarantine
+    # (a link reset recovers it; never definitive).
+    "aer_errors_fatal_gpu": Expected(
+        "{kind: aer_errors, gpu: 1, severity: fatal}",
+        "gpu:1",
+        "aer_fatal_errors",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        310,
+        node_quarantined=True,
+    ),
+    "aer_errors_nonfatal_hca": Expected(
+        "{kind: aer_errors, hca: mlx5_1, severity: nonfatal, count: 2}",
+        "ib:mlx5_1/1",
+        "aer_nonfatal_errors",
+        Severity.WARN,
+        Health.DEGRADED,
+        40,
+    ),
+    # 60 a minute on a Gen5 x16 link, over the 31 a 1e-12 BER gives: a warning, never more.
+    "aer_errors_correctable_storm": Expected(
+        "{kind: aer_errors, gpu: 1, severity: correctable, rate: 60/min}",
+        "gpu:1",
+        "aer_correctable_storm",
+        Severity.WARN,
+        Health.DEGRADED,
+        60,
+    ),
+    # Warning only: the GPUs work, and the daemon never changes a setting.
+    "config_drift": Expected(
+        "{kind: config_drift, gpu: 1, setting: ecc_mode}",
+        "node",
+        "config_drift",
+        Severity.WARN,
+        Health.DEGRADED,
+        40,
+    ),
     "nvlink_crc_storm": Expected(
         "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",
         "nvlink:1/2",

@@ -38,7 +38,7 @@ GPU_FAMILIES = {
     "gpuwatchd_gpu_row_remap_pending": 8,
     "gpuwatchd_gpu_row_remap_failed": 8,
     "gpuwatchd_nvlink_up": 8 * 18,
-    "gpuwatchd_source_up": 2,
+    "gpuwatchd_source_up": 3,
     "gpuwatchd_build_info": 1,
     "gpuwatchd_infiniband_info": 8,
     "gpuwatchd_infiniband_state_id": 8,
@@ -46,6 +46,9 @@ GPU_FAMILIES = {
     "gpuwatchd_infiniband_rate_bytes_per_second": 8,
     "gpuwatchd_infiniband_symbol_error": 8,
     "gpuwatchd_infiniband_port_data_received_bytes": 8,
+    # Each GPU's and HCA's PCIe function, by severity.
+    "gpuwatchd_pcie_aer_errors": (8 + 8) * 3,
+    "gpuwatchd_gpu_config_info": 8,
 }
 
 

@@ -16,9 +16,17 @@ from pathlib import Path
 import pytest
 from gpu_history import T0, gpu, link, record
 
-from gpuwatchd.checks import memory, nvlink
+from gpuwatchd.checks import aer, memory, nvlink
 from gpuwatchd.history import History
-from gpuwatchd.model import Finding, Health, PortSample, Reading, Severity, XidEvent
+from gpuwatchd.model import (
+    Finding,
+    Health,
+    PcieFunctionSample,
+    PortSample,
+    Reading,
+    Severity,
+    XidEvent,
+)
 from gpuwatchd.policy import PolicyConfig, PolicyState, evaluate
 from gpuwatchd.store import (
     SCHEMA_VERSION,
@@ -358,3 +366,24 @@ def test_facts_learned_about_the_node_are_kept_per_key_across_a_reopen(state_dir
     assert reopened.fact("infiniband_ports_seen_active") == ["ib:mlx5_0/1", "ib:mlx5_1/1"]
     assert reopened.fact("gpus_at_healthy_start") is None
     reopened.close()
+
+
+def test_a_fatal_aer_error_while_the_daemon_was_down_shows_after_the_restart(
+    state_dir: str,
+) -> None:
+    def function(fatal: int) -> PcieFunctionSample:
+        errors = {"correctable": 2, "nonfatal": 0, "fatal": fatal}
+        return PcieFunctionSample("0000:18:00.0", "gpu", aer_errors=errors, aer_causes={})
+
+    first = Store.open(state_dir)
+    poll(first, [], T0, (Reading("pcie", T0, pcie_functions=(function(0),)),))
+    first.close()
+    restarted = Store.open(state_dir)
+    now = T0 + 300
+    history = History(max_age_seconds=3600)
+    for reading in restarted.last_readings(now, max_age=3600):
+        history.record(reading)
+    restarted.close()
+    history.record(Reading("pcie", now, pcie_functions=(function(1),)))
+    findings = aer.run(history, now, aer.AerConfig()).findings
+    assert [(f.subject, f.code) for f in findings] == [("node", "aer_fatal_errors")]

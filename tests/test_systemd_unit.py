@@ -87,6 +87,16 @@ def test_unit_reaches_the_gpus_and_no_other_device() -> None:
     assert "char-nvidia-frontend rw" in allowed
     assert "char-nvidia-uvm rw" in allowed
     assert not [rule for rule in allowed if "infiniband" in rule]
+    # The kernel log, read only: the boot's XID lines.
+    assert "/dev/kmsg r" in allowed
+
+
+def test_unit_lets_the_daemon_read_the_kernel_log_and_nothing_more_of_it() -> None:
+    assert _one("ProtectKernelLogs") == "no"
+    # CAP_SYSLOG only through the drop-in for dmesg_restrict=1 nodes.
+    assert _one("CapabilityBoundingSet") == "" and _one("PrivateUsers") == "yes"
+    drop_in = (REPO / "systemd" / "kernel-log-restricted.conf").read_text()
+    assert "CapabilityBoundingSet=CAP_SYSLOG" in drop_in and "PrivateUsers=no" in drop_in
 
 
 def test_unit_allows_only_unix_and_ip_sockets() -> None:

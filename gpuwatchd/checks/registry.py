@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from gpuwatchd.checks import (
     CheckOutput,
+    aer,
     clocks,
+    config_drift,
     fabric,
     gpu_lost,
     infiniband,
@@ -39,6 +41,7 @@ class ChecksConfig:
     gpu_lost: gpu_lost.GpuLostConfig = field(default_factory=gpu_lost.GpuLostConfig)
     pcie: pcie.PcieConfig = field(default_factory=pcie.PcieConfig)
     fabric: fabric.FabricConfig = field(default_factory=fabric.FabricConfig)
+    aer: aer.AerConfig = field(default_factory=aer.AerConfig)
     infiniband: infiniband.InfinibandCheckConfig = field(
         default_factory=infiniband.InfinibandCheckConfig
     )
@@ -66,6 +69,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
     (pcie.NAME, lambda i, c: pcie.run(i.history, i.now, c.pcie)),
     (fabric.NAME, lambda i, c: fabric.run(i.history, i.now, c.fabric)),
+    (aer.NAME, lambda i, c: aer.run(i.history, i.now, c.aer)),
+    (config_drift.NAME, lambda i, c: config_drift.run(i.history)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),

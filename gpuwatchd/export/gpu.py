@@ -431,7 +431,9 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     yield _by_label(
         CounterMetricFamily(
             "gpuwatchd_gpu_xid_errors",
-            "XID critical errors reported by the driver since the daemon started, per XID code.",
+            "XID critical errors the driver reported this boot, per XID code: the kernel "
+            "log's NVRM: Xid lines merged with NVML's events (from the daemon's start only "
+            "where the kernel log cannot be read).",
             labels=(*GPU_LABELS, "xid"),
         ),
         gpus,

@@ -595,6 +595,9 @@ class FakeNvml:
                     ("nvmlDeviceRegisterEvents", (_ULL, _P), self._register_events),
                     ("nvmlDeviceGetComputeMode", (_P,), self._compute_mode),
                     ("nvmlDeviceGetMigMode", (_P, _P), self._mig_mode),
+                    ("nvmlDeviceGetVbiosVersion", (_P, _U), self._vbios_version),
+                    ("nvmlDeviceGetEccMode", (_P, _P), self._ecc_mode),
+                    ("nvmlDeviceGetPersistenceMode", (_P,), self._persistence_mode),
                     ("nvmlDeviceGetMPSComputeRunningProcesses_v3", (_P, _P), self._mps),
                 )
             },
@@ -738,7 +741,7 @@ class FakeNvml:
         return _put(ctypes.c_uint, value, self._state(gpu).power_milliwatts)
 
     def _power_limit(self, gpu: int, value: int | None) -> int:
-        limit = round(self._gpu(gpu).spec.power_limit_watts * 1000)
+        limit = round(self._model.settings(gpu).power_limit_watts * 1000)
         return _put(ctypes.c_uint, value, limit)
 
     def _energy(self, gpu: int, value: int | None) -> int:
@@ -847,8 +850,25 @@ class FakeNvml:
         mode = self._modes(gpu).mig_mode
         if mode is None:
             return _NOT_SUPPORTED
+        mode = mode or self._model.settings(gpu).mig_mode
         _put(ctypes.c_uint, current, mode)
         return _put(ctypes.c_uint, pending, mode)
+
+    # nvml.h: nvmlDeviceGetVbiosVersion writes the VBIOS version string
+    # (NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE, 32); nvmlDeviceGetEccMode the
+    # current and pending mode and nvmlDeviceGetPersistenceMode the mode, as
+    # nvmlEnableState_t (NVML_FEATURE_ENABLED 1). ECC mode "Fermi and newer
+    # ... Requires ECC mode" support: data-centre boards have it.
+    def _vbios_version(self, gpu: int, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self._model.settings(gpu).vbios_version)
+
+    def _ecc_mode(self, gpu: int, current: int | None, pending: int | None) -> int:
+        mode = self._model.settings(gpu).ecc_mode
+        _put(ctypes.c_uint, current, mode)
+        return _put(ctypes.c_uint, pending, mode)
+
+    def _persistence_mode(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, self._model.settings(gpu).persistence_mode)
 
     def _mps(self, gpu: int, count: int | None, infos: int | None) -> int:
         # nvml.h: with *infoCount too small (or infos NULL) and processes

@@ -129,6 +129,9 @@ class GpuSpec:
     # is assumed alike on every board, not confirmed on each).
     memory_total_mib: int = 81559
     memory_reserved_mib: int = 330
+    # nvmlDeviceGetVbiosVersion, in `nvidia-smi -q`'s "VBIOS Version" form
+    # (96.00.xx.00.xx on H100 boards); the number itself is assumed.
+    vbios_version: str = "96.00.99.00.01"
     # The PCIe link the GPU and its HGX baseboard's switches train to
     # (`nvidia-smi -q`, "Max" under "PCIe Generation" and "Link Width"): Gen5
     # x16 on H100/H200, Gen4 on A100, Gen3 on V100. B200 is Gen6-capable, but
@@ -152,6 +155,29 @@ class GpuSpec:
     def remaps_rows(self) -> bool:
         """Ampere and newer repair memory by row remapping, older GPUs by page retirement."""
         return self.at_least("ampere")
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """A GPU's configuration as NVML reads it: VBIOS, ECC mode, persistence
+    mode and MIG mode (NVML_FEATURE_ENABLED is 1, nvml.h), and its power limit."""
+
+    vbios_version: str
+    ecc_mode: int
+    persistence_mode: int
+    mig_mode: int
+    power_limit_watts: float
+
+
+# What a config_drift fault without `value` makes a setting read: unlike the
+# defaults (ECC on, persistence on: nvidia-persistenced, MIG off).
+DRIFTED = {
+    "vbios_version": "96.00.74.00.11",
+    "ecc_mode": "0",
+    "persistence_mode": "0",
+    "mig_mode": "1",
+}
+DRIFTED_POWER_LIMIT_WATTS = 100.0
 
 
 _H100 = GpuSpec(
@@ -717,7 +743,9 @@ class _GpuModel:
 
 
 def _pci_bus_id(index: int) -> str:
-    bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + 0x10 * index
+    # Past an HGX board's eight, buses between its own (0x60 on) that no
+    # simulated HCA (0xC0 on) uses either, and below 0x100.
+    bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x60 + index - len(_HGX_BUSES)
     return f"00000000:{bus:02X}:00.0"
 
 
@@ -801,6 +829,7 @@ class SimulatedGpus:
             for gpu in self.gpus
         )
         self.present = _present(scenario)
+        self._drift = scenario.faults_of("config_drift")
         self._schedule = sorted(
             (record for model in self._models for record in model.xids()), key=lambda r: r.time
         )
@@ -828,6 +857,24 @@ class SimulatedGpus:
 
     def state(self, index: int) -> GpuState:
         return self._states[index]
+
+    def settings(self, index: int) -> GpuSettings:
+        """The GPU's configuration now, with the scenario's config_drift faults."""
+        spec = self.gpus[index].spec
+        values: dict[str, str] = {}
+        for fault in self._drift:
+            if fault.gpu == index and fault.active(self._t) and fault.setting is not None:
+                default = DRIFTED.get(fault.setting)
+                if default is None:  # power_limit
+                    default = f"{spec.power_limit_watts - DRIFTED_POWER_LIMIT_WATTS:g}"
+                values[fault.setting] = fault.value if fault.value is not None else default
+        return GpuSettings(
+            vbios_version=values.get("vbios_version", spec.vbios_version),
+            ecc_mode=int(values.get("ecc_mode", "1")),
+            persistence_mode=int(values.get("persistence_mode", "1")),
+            mig_mode=int(values.get("mig_mode", "0")),
+            power_limit_watts=float(values.get("power_limit", spec.power_limit_watts)),
+        )
 
     def nvml_errors(self, index: int) -> tuple[Fault, ...]:
         """The scenario's `nvml_error` faults in force on this GPU now."""

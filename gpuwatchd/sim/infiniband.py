@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import math
 import os
 import random
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from gpuwatchd.counters import saturation_max
 from gpuwatchd.sim.scenario import Fault, Scenario, ScenarioError
+from gpuwatchd.sim.sysfs import TreeWriter
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, BYTES_PER_WORD, COUNTER_BITS
 
 PORT = 1
@@ -348,30 +348,26 @@ class SimulatedFabric:
         self.root = Path(sysfs_root)
         self.start = start
         self._class_dir = self.root / "class" / "infiniband"
-        # Beside the tree, not in it: a reader listing counters/ must not see
-        # a file being written.
-        self._staging = self.root / ".gpuwatchd-sim-staging"
-        self._names = itertools.count()
+        self._tree = TreeWriter(self.root, "infiniband")
         rng = random.Random(f"{scenario.seed}/infiniband")
         self._hcas = tuple(
             _HcaModel(name, scenario.faults, rng) for name in scenario.node.hca_names
         )
-        self._written: dict[Path, str] = {}
         self.advance(start)
 
     def advance(self, now: float) -> None:
         t = max(0.0, now - self.start)
         for hca in self._hcas:
             device = self._class_dir / hca.name
-            self._write_all(device, self._device_files(hca))
+            self._tree.write_all(device, self._device_files(hca))
             port = device / "ports" / str(PORT)
             refused = hca.refused_files(t)
             files = hca.port_files(t)
-            self._write_all(
+            self._tree.write_all(
                 port, {name: text for name, text in files.items() if name not in refused}
             )
             for name in refused:
-                self._link(port / name, einval_target())
+                self._tree.link(port / name, einval_target())
 
     def reset_counters(self, hca: str, now: float) -> None:
         """A driver reload (or `perfquery -R`) on `hca`: its counters restart from 0."""
@@ -388,32 +384,3 @@ class SimulatedFabric:
             "hca_type": HCA_TYPE,
             "node_guid": hca.node_guid,
         }
-
-    def _write_all(self, directory: Path, files: Mapping[str, str]) -> None:
-        for relative, text in files.items():
-            self._write(directory / relative, text + "\n")
-
-    def _write(self, path: Path, text: str) -> None:
-        if self._written.get(path) == text:
-            return
-        temporary = self._staged(path)
-        temporary.write_text(text, encoding="ascii")
-        os.replace(temporary, path)
-        self._written[path] = text
-
-    def _link(self, path: Path, target: str) -> None:
-        """`path` as a symbolic link to `target`, swapped in atomically."""
-        marker = f"-> {target}"
-        if self._written.get(path) == marker:
-            return
-        temporary = self._staged(path)
-        temporary.symlink_to(target)
-        os.replace(temporary, path)
-        self._written[path] = marker
-
-    def _staged(self, path: Path) -> Path:
-        """A fresh name in the staging folder for what will replace `path`."""
-        if path not in self._written:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._staging.mkdir(exist_ok=True)
-        return self._staging / f"{next(self._names)}.tmp"

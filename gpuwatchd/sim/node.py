@@ -1,5 +1,6 @@
 """A whole simulated node: the GPU model behind a fake libnvidia-ml, and a
-sysfs tree of InfiniBand ports, moved together to the daemon's clock.
+sysfs tree of InfiniBand ports and of the GPUs' and HCAs' PCIe functions,
+moved together to the daemon's clock.
 
 The production NVML and InfiniBand sources read it unchanged: they see the
 fake library through nvidia-ml-py and real files under `sysfs_root`. A
@@ -9,11 +10,15 @@ InfiniBand tree from the capture (`gpuwatchd.sim.replay`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from gpuwatchd.clock import Clock
 from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 from gpuwatchd.sim.infiniband import SimulatedFabric
+from gpuwatchd.sim.kmsg import SimulatedKernelLog
+from gpuwatchd.sim.pcie import SimulatedPcie
 from gpuwatchd.sim.replay import CapturedFabric, CapturedNode
 from gpuwatchd.sim.scenario import Scenario
 
@@ -33,20 +38,33 @@ class SimulatedNode:
         # so an XID at 0s would otherwise be lost).
         self.fabric: SimulatedFabric | CapturedFabric
         self.captured: CapturedNode | None = None
+        # A captured node has no PCIe tree: its capture holds none.
+        self.pcie: SimulatedPcie | None = None
         if scenario.node.capture is None:
             self.gpus = SimulatedGpus(scenario, start)
             self.nvml = FakeNvml(self.gpus, max_wait_s=max_event_wait_seconds)
             self.fabric = SimulatedFabric(scenario, sysfs_root, start)
+            bus_ids = [gpu.pci_bus_id for gpu in self.gpus.gpus]
+            self.pcie = SimulatedPcie(scenario, sysfs_root, start, bus_ids)
         else:
             self.captured = CapturedNode(scenario.node.capture)
             self.gpus = SimulatedGpus(scenario, start, self.captured.gpus())
             self.nvml = self.captured.fake(self.gpus, max_event_wait_seconds)
             self.fabric = self.captured.fabric(sysfs_root)
+        # Beside the sysfs tree: the kernel log the NVML source reads XIDs from.
+        self.kernel_log = SimulatedKernelLog(scenario, self.gpus, Path(sysfs_root) / "kmsg")
 
     def advance(self, now: float) -> None:
         """Move the hardware to wall time `now` (called before every poll)."""
         self.gpus.advance(now)
+        self.kernel_log.advance(now)
         self.fabric.advance(now)
+        if self.pcie is not None:
+            self.pcie.advance(now)
+
+    def uptime(self, clock: Clock) -> Callable[[], float]:
+        """The node's kernel time now, as `clock` moves."""
+        return lambda: self.kernel_log.uptime(clock.now())
 
     def install(self) -> SimulatedNode:
         """Make nvidia-ml-py talk to this node's fake library."""

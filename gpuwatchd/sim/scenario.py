@@ -41,7 +41,7 @@ import pynvml
 import yaml
 
 from gpuwatchd import capture as captures
-from gpuwatchd.model import GPU_RECOVERY_ACTIONS
+from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
 from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
 from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
@@ -67,6 +67,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "row_remap_pending": (frozenset({"gpu"}), frozenset()),
     "row_remap_failure": (frozenset({"gpu"}), frozenset()),
     "xid": (frozenset({"gpu", "code"}), frozenset()),
+    # An XID the driver logged `ago` (60s) before the daemon started: in the
+    # kernel log only, since NVML replays nothing from before its registration.
+    "kernel_xid": (frozenset({"gpu", "code"}), frozenset({"ago"})),
     "gpu_lost": (frozenset({"gpu"}), frozenset()),
     "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
     "reset_required": (frozenset({"gpu"}), frozenset()),
@@ -78,6 +81,13 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # A GPU the NVSwitch fabric manager has not registered: not started, or
     # completed with the NVML error `code` (NOT_READY, ...).
     "fabric_unregistered": (frozenset({"gpu"}), frozenset({"code"})),
+    # PCIe AER errors of one GPU's or one HCA's function: `count` at `at`
+    # (1 without it), or `rate` while the fault lasts.
+    "aer_errors": (frozenset({"severity"}), frozenset({"gpu", "hca", "count", "rate"})),
+    # One GPU's configuration unlike its siblings': `setting` (CONFIG_SETTINGS)
+    # with `value`, or a default unlike the others (ECC, persistence off, MIG
+    # on, an older VBIOS, a power limit 100 W lower).
+    "config_drift": (frozenset({"gpu", "setting"}), frozenset({"value"})),
     "ib_symbol_errors": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_link_flap": (frozenset({"hca", "port", "rate"}), frozenset()),
     "ib_port_down": (frozenset({"hca", "port"}), frozenset()),
@@ -87,8 +97,11 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "sdc": (frozenset({"gpu"}), frozenset({"mode"})),
 }
 COMMON_FIELDS = frozenset({"at", "kind", "for"})
+# The settings a config_drift fault changes (checks/config_drift.py compares
+# these and the application clocks).
+CONFIG_SETTINGS = ("vbios_version", "ecc_mode", "persistence_mode", "mig_mode", "power_limit")
 # Kinds that describe the node as it booted: they must start at 0s.
-FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing"})
+FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid"})
 
 # NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
 NVML_ERRORS: Mapping[int, str] = {
@@ -156,6 +169,10 @@ class Fault:
     counter: str | None = None  # an InfiniBand counter file's name
     width: int | None = None  # pcie_downtrained: lanes
     generation: int | None = None  # pcie_downtrained: PCIe generation
+    severity: str | None = None  # aer_errors: correctable, nonfatal or fatal
+    ago: float | None = None  # kernel_xid: seconds before the start it was logged
+    setting: str | None = None  # config_drift: one of CONFIG_SETTINGS
+    value: str | None = None  # config_drift: what the setting reads (text)
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -273,6 +290,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         at = parse_duration(raw["at"])
         until = at + parse_duration(raw["for"]) if "for" in raw else math.inf
         rate = parse_rate(raw["rate"]) if "rate" in raw else None
+        ago = parse_duration(raw["ago"]) if "ago" in raw else None
     except ValueError as error:
         raise ScenarioError(f"{label}: {error}") from error
     fault = Fault(
@@ -295,6 +313,10 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         generation=(
             _require_int(raw["generation"], "generation", label) if "generation" in raw else None
         ),
+        severity=_require_text(raw["severity"], "severity", label) if "severity" in raw else None,
+        ago=ago,
+        setting=_require_text(raw["setting"], "setting", label) if "setting" in raw else None,
+        value=str(raw["value"]) if "value" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -332,10 +354,10 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(
             f"{label}: hca {fault.hca!r} is not on the node (it has {', '.join(node.hca_names)})"
         )
-    if node.capture is not None and fault.kind.startswith("ib_"):
+    if node.capture is not None and (fault.kind.startswith("ib_") or fault.kind == "aer_errors"):
         raise ScenarioError(
-            f"{label}: a captured node's InfiniBand tree is replayed as captured; "
-            "ib faults need a simulated fabric (a node without `capture`)"
+            f"{label}: a captured node's sysfs tree is replayed as captured; "
+            "ib faults (and aer faults) need a simulated node (one without `capture`)"
         )
     if fault.port is not None and fault.port != 1:
         raise ScenarioError(f"{label}: port {fault.port} out of range (each HCA has port 1)")
@@ -351,16 +373,25 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
             f"{label}: call {fault.call!r} is no NVML device function or field id "
             "(such as nvmlDeviceGetRemappedRows or NVML_FI_DEV_MEMORY_TEMP)"
         )
-    xid_code = fault.kind in ("xid", "ecc_uncorrectable")
+    xid_code = fault.kind in ("xid", "ecc_uncorrectable", "kernel_xid")
     if xid_code and fault.code is not None and not 0 < fault.code < 1000:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
+    if fault.ago is not None and not 0 < fault.ago < 3000:
+        raise ScenarioError(f"{label}: ago must be more than 0s and under 50m, got {fault.ago:g}s")
     if fault.mhz is not None and not 0 < fault.mhz < 10000:
         raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
     if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
-    if fault.count is not None and not 0 < fault.count <= node.gpus:
+    if fault.setting is not None and fault.setting not in CONFIG_SETTINGS:
+        known = ", ".join(CONFIG_SETTINGS)
+        raise ScenarioError(f"{label}: unknown setting {fault.setting!r} (known: {known})")
+    if fault.setting is not None and fault.value is not None:
+        _check_setting_value(fault.setting, fault.value, label)
+    if fault.kind == "aer_errors":
+        _check_aer(fault, label)
+    elif fault.count is not None and not 0 < fault.count <= node.gpus:
         raise ScenarioError(f"{label}: count must be 1-{node.gpus}, got {fault.count}")
     if fault.kind == "ib_counter_pinned" and fault.counter not in COUNTER_BITS:
         known = ", ".join(sorted(COUNTER_BITS))
@@ -375,6 +406,32 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: generation must be 1-6, got {fault.generation}")
     if fault.counter is not None and not _COUNTER_NAME.match(fault.counter):
         raise ScenarioError(f"{label}: counter {fault.counter!r} is not a counter file name")
+
+
+def _check_setting_value(setting: str, value: str, label: str) -> None:
+    if setting in ("ecc_mode", "persistence_mode", "mig_mode") and value not in ("0", "1"):
+        raise ScenarioError(f"{label}: {setting} is 0 (disabled) or 1 (enabled), got {value!r}")
+    if setting == "power_limit":
+        try:
+            watts = float(value)
+        except ValueError:
+            watts = math.nan
+        if not 0 < watts < 10_000:
+            raise ScenarioError(f"{label}: power_limit is watts (1-9999), got {value!r}")
+    if setting == "vbios_version" and not 0 < len(value) < 32:
+        raise ScenarioError(f"{label}: vbios_version must be 1-31 characters")
+
+
+def _check_aer(fault: Fault, label: str) -> None:
+    if fault.severity not in AER_SEVERITIES:
+        known = ", ".join(AER_SEVERITIES)
+        raise ScenarioError(f"{label}: unknown severity {fault.severity!r} (known: {known})")
+    if (fault.gpu is None) == (fault.hca is None):
+        raise ScenarioError(f"{label}: give either gpu or hca (whose PCIe function errs)")
+    if fault.count is not None and fault.rate is not None:
+        raise ScenarioError(f"{label}: give either count (at once) or rate (while it lasts)")
+    if fault.count is not None and not 0 < fault.count <= 1_000_000:
+        raise ScenarioError(f"{label}: count must be 1-1000000, got {fault.count}")
 
 
 def parse(text: str, name: str = "scenario", directory: str | None = None) -> Scenario:

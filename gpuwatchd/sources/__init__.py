@@ -15,6 +15,9 @@ class NvmlSourceConfig:
     enabled: bool = True
     # Listen for XID critical errors through an NVML event set.
     xid_events: bool = True
+    # The kernel log whose `NVRM: Xid` lines count the boot's XIDs from before
+    # the daemon started, and any NVML did not report; null: NVML's events only.
+    kernel_log: str | None = "/dev/kmsg"
     # How long one GPU's read may take before the poll goes on without it and
     # reports it unreadable (gpu_read_hung). A read is some hundred NVML calls
     # of a millisecond or less; one stuck in the driver may never return.
@@ -33,6 +36,13 @@ class InfinibandSourceConfig:
     # HCAs not to read at all (some restricted ConnectX-7 functions flood the
     # kernel log with ACCESS_REG errors when their counters are read).
     exclude_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PcieSourceConfig:
+    enabled: bool = True
+    # The root under which bus/pci/devices and class/infiniband are read.
+    sysfs_root: str = "/sys"
 
 
 class SourceUnavailable(RuntimeError):

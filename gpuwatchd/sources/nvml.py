@@ -85,6 +85,7 @@ from gpuwatchd.model import (
     XidEvent,
 )
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
+from gpuwatchd.sources.kmsg import KernelXids, nvml_address, system_uptime
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,12 @@ _SCALARS = (
     _Scalar("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", convert=int),
     _Scalar("pcie_link_max_width", "nvmlDeviceGetMaxPcieLinkWidth", convert=int),
     _Scalar("pcie_replays", "nvmlDeviceGetPcieReplayCounter", convert=int),
+    # Configuration, compared across the node's GPUs (checks/config_drift.py).
+    # The ECC and MIG calls answer [current, pending]; the current mode counts.
+    _Scalar("vbios_version", "nvmlDeviceGetVbiosVersion", convert=str),
+    _Scalar("ecc_enabled", "nvmlDeviceGetEccMode", convert=lambda modes: bool(modes[0])),
+    _Scalar("persistence_enabled", "nvmlDeviceGetPersistenceMode", convert=bool),
+    _Scalar("mig_enabled", "nvmlDeviceGetMigMode", convert=lambda modes: bool(modes[0])),
 )
 
 
@@ -1266,7 +1273,15 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, clock: Clock, config: NvmlSourceConfig, xid_thread: bool = True) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        config: NvmlSourceConfig,
+        xid_thread: bool = True,
+        uptime: Callable[[], float] = system_uptime,
+    ) -> None:
+        """`uptime`: seconds since boot on the kernel log's clock (injected by
+        the simulator, whose node booted when its scenario says)."""
         self._clock = clock
         self._read_timeout = config.read_timeout
         self._reader: _Reader | None = None
@@ -1284,7 +1299,12 @@ class NvmlSource:
         for gpu in self._gpus:
             self._identify(gpu)
         self._availability.flush()
+        # Before registering: a logged XID older than this NVML cannot report.
+        registered = uptime()
         self._xids = _XidListener(clock, self._gpus, xid_thread) if config.xid_events else None
+        self._kernel = (
+            KernelXids(config.kernel_log, clock, registered, uptime) if config.kernel_log else None
+        )
         self._closed = False
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
         log.info(
@@ -1323,6 +1343,8 @@ class NvmlSource:
 
     def poll(self, now: float) -> Reading:
         events = self._xids.drain() if self._xids is not None else ()
+        if self._kernel is not None:
+            events += self._kernel.merge(events, self._addresses())
         for event in events:
             self._gpus[event.gpu].xid_counts[event.code] += 1
         gpus = tuple(self._sample(gpu, now) for gpu in self._gpus)
@@ -1334,6 +1356,15 @@ class NvmlSource:
             xid_events=events,
             driver_version=self._driver_version,
         )
+
+    def _addresses(self) -> dict[str, tuple[int, str | None]]:
+        """Each GPU's PCI address as the kernel log writes it, to its index and UUID."""
+        found = {}
+        for gpu in self._gpus:
+            address = nvml_address(gpu.identity.get("pci_bus_id", ""))
+            if address is not None:
+                found[address] = (gpu.index, gpu.identity.get("uuid"))
+        return found
 
     def _sample(self, gpu: _Gpu, now: float) -> GpuSample:
         stuck = gpu.stuck
@@ -1431,6 +1462,8 @@ class NvmlSource:
             self._reader.close()
         if self._xids is not None:
             self._xids.close()
+        if self._kernel is not None:
+            self._kernel.close()
         stuck = [gpu.index for gpu in self._gpus if gpu.stuck and not gpu.stuck.done.is_set()]
         if stuck:
             # Shutting NVML down under a call in progress could pull its state

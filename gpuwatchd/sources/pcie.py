@@ -1,0 +1,220 @@
+"""The PCIe source: AER counters and link of the GPUs' and HCAs' PCIe functions.
+
+Reads, under `<sysfs_root>`, every NVIDIA display or 3D controller in
+`bus/pci/devices/` (vendor 0x10de, class 0x03xxxx; NVSwitches are bridges,
+class 0x0680, and are left out) and the PCIe function behind each
+`class/infiniband/<device>/device` link. For each: `aer_dev_correctable`,
+`aer_dev_nonfatal` and `aer_dev_fatal`, and `current_link_speed` /
+`current_link_width`.
+
+The AER files are what drivers/pci/pcie/aer.c writes (`aer_stats_attrs`,
+since Linux 4.19): one `NAME count` line per error bit the kernel names, then
+`TOTAL_ERR_COR`, `TOTAL_ERR_NONFATAL` or `TOTAL_ERR_FATAL` and the total. The
+counts are the errors the function reported since boot (the kernel's own
+counters, not the device's), so they survive a daemon restart. A function
+without AER (the files absent: no AER capability, or AER handled by
+firmware) has no AER values; a file that is unreadable or not in that format
+is an absent severity, said once per file, never a crash and never a zero.
+
+The source knows nothing about health, nor which GPU index an address is:
+the checks map an address to the GPU whose NVML PCI bus id it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+
+from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample, Reading
+from gpuwatchd.sources import PcieSourceConfig
+from gpuwatchd.sources.infiniband import parse_counter, read_attribute
+
+log = logging.getLogger(__name__)
+
+DEVICES_PATH = ("bus", "pci", "devices")
+INFINIBAND_PATH = ("class", "infiniband")
+NVIDIA_VENDOR = 0x10DE
+# PCI base class 0x03: display controllers (0x0300 VGA, 0x0302 3D: data-centre GPUs).
+DISPLAY_CLASS = 0x03
+# `0000:18:00.0`: domain, bus, device, function, as the kernel names a function.
+_ADDRESS_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# `32.0 GT/s PCIe` (Linux 5.x on), `8 GT/s` (older): the transfer rate of one lane.
+_SPEED_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s\b")
+# PCIe generation by a lane's transfer rate (PCI-SIG).
+GENERATION_BY_GIGATRANSFERS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+# Error names in aer.c are short words such as RxErr, CmpltTO, TLPBlockedErr.
+_CAUSE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,40}$")
+MAX_AER_LINES = 64
+
+
+def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
+    """One aer_dev_* file: its total and the non-zero counts by error name.
+
+    Raises ValueError when the file is not aer.c's format: a line that is not
+    `NAME count`, a count that is not a u64, or no total line.
+    """
+    total: int | None = None
+    causes: dict[str, int] = {}
+    lines = text.splitlines()
+    if len(lines) > MAX_AER_LINES:
+        raise ValueError(f"{len(lines)} lines, more than aer.c writes")
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 2 or not _CAUSE_RE.match(parts[0]):
+            raise ValueError(f"not a 'NAME count' line: {line[:60]!r}")
+        count = parse_counter(parts[1])
+        if parts[0] == total_name:
+            total = count
+        elif count:
+            causes[parts[0]] = count
+    if total is None:
+        raise ValueError(f"no {total_name} line")
+    return total, causes
+
+
+def parse_speed(text: str) -> int:
+    """`32.0 GT/s PCIe` -> 5 (the generation)."""
+    match = _SPEED_RE.match(text)
+    generation = GENERATION_BY_GIGATRANSFERS.get(float(match.group(1))) if match else None
+    if generation is None:
+        raise ValueError(f"not a PCIe link speed such as '32.0 GT/s PCIe': {text[:40]!r}")
+    return generation
+
+
+def parse_width(text: str) -> int:
+    """`16` -> 16; the kernel writes 0 or 255 for a link that is down or unknown."""
+    width = parse_counter(text)
+    if not 0 < width <= 32:
+        raise ValueError(f"not a PCIe link width: {text[:40]!r}")
+    return width
+
+
+def canonical_address(bus_id: str) -> str | None:
+    """`00000000:18:00.0` (NVML) or `0000:18:00.0` (sysfs) -> `0000:18:00.0`."""
+    try:
+        domain, bus, rest = bus_id.strip().lower().split(":")
+        device, function = rest.split(".")
+        numbers = (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
+    except ValueError:
+        return None
+    return "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
+
+
+def _hex(text: str) -> int | None:
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+class PcieSource:
+    """Source over `<sysfs_root>/bus/pci/devices` (GPUs) and the HCAs' functions."""
+
+    name = "pcie"
+
+    def __init__(self, config: PcieSourceConfig) -> None:
+        self._devices_dir = os.path.join(config.sysfs_root, *DEVICES_PATH)
+        self._infiniband_dir = os.path.join(config.sysfs_root, *INFINIBAND_PATH)
+        self._reported: set[str] = set()
+
+    def poll(self, now: float) -> Reading:
+        functions = [
+            self._read(directory, address, kind, name)
+            for address, directory, kind, name in self._functions()
+        ]
+        if not functions:
+            reason = f"no GPU or InfiniBand PCIe function under {self._devices_dir}"
+            return Reading(source=self.name, time=now, pcie_functions=(), error=reason)
+        return Reading(source=self.name, time=now, pcie_functions=tuple(functions))
+
+    def close(self) -> None:
+        """Nothing is held open between polls."""
+
+    def _functions(self) -> list[tuple[str, str, str, str | None]]:
+        """(address, directory, kind, name) of every function to read, by address."""
+        found: dict[str, tuple[str, str, str, str | None]] = {}
+        for address in self._listing(self._devices_dir):
+            directory = os.path.join(self._devices_dir, address)
+            if _ADDRESS_RE.match(address) and self._is_gpu(directory):
+                found[address] = (address, directory, "gpu", None)
+        for name in self._listing(self._infiniband_dir):
+            link = os.path.join(self._infiniband_dir, name, "device")
+            directory = os.path.realpath(link)
+            address = os.path.basename(directory)
+            if _ADDRESS_RE.match(address) and address not in found:
+                found[address] = (address, directory, "hca", name)
+        return [found[address] for address in sorted(found)]
+
+    def _listing(self, directory: str) -> list[str]:
+        try:
+            return sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return []
+        except OSError as error:
+            self._report_once(directory, f"pcie: cannot list {directory}: {error.strerror}")
+            return []
+
+    def _is_gpu(self, directory: str) -> bool:
+        vendor = self._text(os.path.join(directory, "vendor"), quiet=True)
+        if vendor is None or _hex(vendor) != NVIDIA_VENDOR:
+            return False
+        pci_class = self._text(os.path.join(directory, "class"), quiet=True)
+        value = _hex(pci_class) if pci_class else None
+        return value is not None and value >> 16 == DISPLAY_CLASS
+
+    def _read(
+        self, directory: str, address: str, kind: str, name: str | None
+    ) -> PcieFunctionSample:
+        totals: dict[str, int] = {}
+        causes: dict[str, int] = {}
+        for severity, (file, total_name) in AER_SEVERITIES.items():
+            path = os.path.join(directory, file)
+            text = self._text(path, quiet=False, missing_note="the function has no AER")
+            if text is None:
+                continue
+            try:
+                total, counts = parse_aer(text, total_name)
+            except ValueError as error:
+                self._report_once(path, f"pcie: {path}: {error}; {severity} errors are absent")
+                continue
+            totals[severity] = total
+            causes.update({f"{severity}:{cause}": count for cause, count in counts.items()})
+        return PcieFunctionSample(
+            address=address,
+            kind=kind,
+            name=name,
+            aer_errors=totals,
+            aer_causes=causes,
+            link_generation=self._parsed(f"{directory}/current_link_speed", parse_speed),
+            link_width=self._parsed(f"{directory}/current_link_width", parse_width),
+        )
+
+    def _parsed(self, path: str, parse: Callable[[str], int]) -> int | None:
+        text = self._text(path, quiet=True)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as error:
+            self._report_once(path, f"pcie: {path}: {error}; read on without it")
+            return None
+
+    def _text(self, path: str, quiet: bool, missing_note: str = "") -> str | None:
+        """The file's text; None (said once, unless `quiet` and missing) when unreadable."""
+        try:
+            return read_attribute(path)
+        except FileNotFoundError:
+            if not quiet:
+                self._report_once(path, f"pcie: {path} is missing ({missing_note})", info=True)
+            return None
+        except OSError as error:
+            self._report_once(path, f"pcie: {path}: {error.strerror}; read on without it")
+            return None
+
+    def _report_once(self, key: str, message: str, info: bool = False) -> None:
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.log(logging.INFO if info else logging.WARNING, message)

@@ -1,0 +1,207 @@
+"""PCIe AER of the GPUs' and HCAs' functions: the sysfs reader on trees in
+aer.c's format, the aer check's grading, and the exported counters."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from gpu_history import POLL, T0, gpu
+
+from gpuwatchd.checks import aer
+from gpuwatchd.checks.aer import AerConfig
+from gpuwatchd.export import pcie as pcie_export
+from gpuwatchd.history import History
+from gpuwatchd.model import PcieFunctionSample, PortSample, Reading, Severity
+from gpuwatchd.snapshot import Snapshot
+from gpuwatchd.sources import PcieSourceConfig
+from gpuwatchd.sources.pcie import PcieSource, canonical_address, parse_aer
+
+GPU_ADDRESS = "0000:18:00.0"
+HCA_ADDRESS = "0000:c0:00.0"
+
+
+def aer_file(total_name: str, **counts: int) -> str:
+    """An aer_dev_* file as drivers/pci/pcie/aer.c writes it: `NAME count`
+    lines, then the total."""
+    lines = [f"{name} {count}" for name, count in counts.items()]
+    return "\n".join([*lines, f"{total_name} {sum(counts.values())}"]) + "\n"
+
+
+def function_dir(root: Path, address: str, vendor: str, pci_class: str, **files: str) -> Path:
+    directory = root / "bus" / "pci" / "devices" / address
+    directory.mkdir(parents=True)
+    defaults = {
+        "vendor": vendor,
+        "class": pci_class,
+        "current_link_speed": "32.0 GT/s PCIe",
+        "current_link_width": "16",
+        "aer_dev_correctable": aer_file("TOTAL_ERR_COR", RxErr=2, BadTLP=0, BadDLLP=1),
+        "aer_dev_nonfatal": aer_file("TOTAL_ERR_NONFATAL", DLP=0, CmpltTO=3),
+        "aer_dev_fatal": aer_file("TOTAL_ERR_FATAL", DLP=0, SDES=0),
+    }
+    for name, text in {**defaults, **files}.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def node_tree(root: Path, **gpu_files: str) -> Path:
+    function_dir(root, GPU_ADDRESS, "0x10de", "0x030200", **gpu_files)
+    hca = function_dir(root, HCA_ADDRESS, "0x15b3", "0x020700")
+    # An NVSwitch (a bridge) and a NIC of another vendor: not read.
+    function_dir(root, "0000:05:00.0", "0x10de", "0x068000")
+    function_dir(root, "0000:06:00.0", "0x8086", "0x020000")
+    (root / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+    (root / "class" / "infiniband" / "mlx5_0" / "device").symlink_to(hca)
+    return root
+
+
+def poll(root: Path) -> Reading:
+    return PcieSource(PcieSourceConfig(sysfs_root=str(root))).poll(T0)
+
+
+def test_a_gpu_and_an_hca_function_are_read_and_nothing_else(tmp_path: Path) -> None:
+    reading = poll(node_tree(tmp_path))
+    assert reading.error is None
+    gpu_function, hca_function = reading.pcie_functions or ()
+    assert (gpu_function.address, gpu_function.kind, gpu_function.name) == (
+        GPU_ADDRESS,
+        "gpu",
+        None,
+    )
+    assert (hca_function.address, hca_function.kind, hca_function.name) == (
+        HCA_ADDRESS,
+        "hca",
+        "mlx5_0",
+    )
+    assert gpu_function.aer_errors == {"correctable": 3, "nonfatal": 3, "fatal": 0}
+    assert gpu_function.aer_causes == {
+        "correctable:RxErr": 2,
+        "correctable:BadDLLP": 1,
+        "nonfatal:CmpltTO": 3,
+    }
+    assert (gpu_function.link_generation, gpu_function.link_width) == (5, 16)
+
+
+def test_a_garbage_aer_file_is_an_absent_severity_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = node_tree(tmp_path, aer_dev_fatal="DLP zero\nTOTAL_ERR_FATAL 0\n")
+    source = PcieSource(PcieSourceConfig(sysfs_root=str(root)))
+    with caplog.at_level(logging.WARNING):
+        first = source.poll(T0)
+        source.poll(T0 + POLL)
+    function = (first.pcie_functions or ())[0]
+    assert "fatal" not in function.aer_errors and function.aer_errors["nonfatal"] == 3
+    said = [r.getMessage() for r in caplog.records if "aer_dev_fatal" in r.getMessage()]
+    assert len(said) == 1 and "not a number" in said[0]
+
+
+def test_a_file_without_its_total_line_is_refused() -> None:
+    with pytest.raises(ValueError, match="no TOTAL_ERR_COR line"):
+        parse_aer("RxErr 1\nBadTLP 0\n", "TOTAL_ERR_COR")
+    with pytest.raises(ValueError, match="not a 'NAME count' line"):
+        parse_aer("RxErr 1 2\nTOTAL_ERR_COR 1\n", "TOTAL_ERR_COR")
+
+
+def test_a_function_without_aer_has_no_aer_values_and_the_rest_is_read(tmp_path: Path) -> None:
+    root = node_tree(tmp_path)
+    for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+        (root / "bus" / "pci" / "devices" / GPU_ADDRESS / name).unlink()
+    function = (poll(root).pcie_functions or ())[0]
+    assert function.aer_errors == {} and function.link_width == 16
+
+
+def test_a_node_without_gpus_or_hcas_is_a_reading_with_an_error(tmp_path: Path) -> None:
+    reading = poll(tmp_path)
+    assert reading.pcie_functions == () and reading.error
+
+
+def test_nvml_and_sysfs_bus_ids_name_the_same_function() -> None:
+    assert canonical_address("00000000:18:00.0") == GPU_ADDRESS
+    assert canonical_address("0000:C0:00.0") == HCA_ADDRESS
+    assert canonical_address("garbage") is None
+
+
+# --- the check ----------------------------------------------------------------
+
+
+def function(kind: str = "gpu", name: str | None = None, **errors: int) -> PcieFunctionSample:
+    address = GPU_ADDRESS if kind == "gpu" else HCA_ADDRESS
+    counts = {"correctable": 0, "nonfatal": 0, "fatal": 0, **errors}
+    return PcieFunctionSample(
+        address=address, kind=kind, name=name, aer_errors=counts, link_generation=5, link_width=16
+    )
+
+
+def judged(
+    samples: list[PcieFunctionSample], named: bool = True, ports: bool = False
+) -> list[tuple[str, str, Severity]]:
+    history = History(max_age_seconds=7200.0)
+    for k, sample in enumerate(samples):
+        time = T0 + k * POLL
+        gpus = (gpu(3, pci_bus_id="00000000:18:00.0"),) if named else ()
+        history.record(Reading(source="nvml", time=time, gpus=gpus))
+        if ports:
+            port = PortSample(device="mlx5_0", port=1)
+            history.record(Reading(source="infiniband", time=time, ports=(port,)))
+        history.record(Reading(source="pcie", time=time, pcie_functions=(sample,)))
+    output = aer.run(history, T0 + (len(samples) - 1) * POLL, AerConfig())
+    return [(f.subject, f.code, f.severity) for f in output.findings]
+
+
+def test_a_new_fatal_error_on_a_gpu_is_critical_on_that_gpu_and_not_definitive() -> None:
+    samples = [function(fatal=0)] * 3 + [function(fatal=1)]
+    assert judged(samples) == [("gpu:3", "aer_fatal_errors", Severity.CRITICAL)]
+
+
+def test_fatal_errors_from_before_the_daemon_started_raise_nothing() -> None:
+    assert judged([function(fatal=2)] * 5) == []
+
+
+def test_a_new_nonfatal_error_on_an_hca_warns_on_its_ports() -> None:
+    samples = [function("hca", "mlx5_0"), function("hca", "mlx5_0", nonfatal=1)]
+    assert judged(samples, ports=True) == [("ib:mlx5_0/1", "aer_nonfatal_errors", Severity.WARN)]
+
+
+def test_a_fatal_error_on_a_gpu_nvml_does_not_name_only_warns_on_the_node() -> None:
+    samples = [function(fatal=0), function(fatal=1)]
+    assert judged(samples, named=False) == [("node", "aer_fatal_errors", Severity.WARN)]
+
+
+def test_correctable_errors_within_a_gen5_x16_links_allowance_raise_nothing() -> None:
+    # 30 a minute: under the 31 a 1e-12 BER gives a Gen5 x16 link.
+    samples = [function(correctable=5 * k) for k in range(13)]
+    assert judged(samples) == []
+
+
+def test_a_correctable_storm_only_warns() -> None:
+    samples = [function(correctable=100 * k) for k in range(13)]
+    assert judged(samples) == [("gpu:3", "aer_correctable_storm", Severity.WARN)]
+
+
+def test_a_fatal_error_keeps_its_finding_for_the_window_then_clears() -> None:
+    samples = [function(fatal=0), function(fatal=1)] + [function(fatal=1)] * 370
+    assert judged(samples[:100]) == [("gpu:3", "aer_fatal_errors", Severity.CRITICAL)]
+    assert judged(samples) == []
+
+
+# --- export -------------------------------------------------------------------
+
+
+def test_aer_totals_are_exported_per_function_and_severity_with_the_gpu_named() -> None:
+    snapshot = Snapshot(
+        time=T0,
+        gpus=(gpu(3, pci_bus_id="00000000:18:00.0"),),
+        pcie_functions=(function(fatal=1), function("hca", "mlx5_0")),
+    )
+    (family,) = pcie_export.families(snapshot)
+    samples = {
+        (s.labels["device"], s.labels["kind"], s.labels["name"], s.labels["severity"]): s.value
+        for s in family.samples
+    }
+    assert family.name == "gpuwatchd_pcie_aer_errors" and family.type == "counter"
+    assert samples[(GPU_ADDRESS, "gpu", "3", "fatal")] == 1
+    assert samples[(HCA_ADDRESS, "hca", "mlx5_0", "correctable")] == 0
+    assert len(samples) == 6
