@@ -280,3 +280,9 @@ def test_throttling_since_the_daemon_started_is_a_share_of_the_whole_window() ->
     output = thermal.run(history, last_time(7), CONFIG)
     assert ratio(output, "thermal") == pytest.approx(0.2)
     assert codes(output) == {"thermal_throttling": Severity.WARN}
+
+
+def test_hbm_at_its_limit_is_said_to_be_at_it() -> None:
+    history = timeline(3, lambda k, t: [hot_gpu(temperature_memory_celsius=95.0)])
+    finding = next(iter(thermal.run(history, last_time(3), CONFIG).findings))
+    assert finding.message == "HBM at 95 C, at its 95 C limit"

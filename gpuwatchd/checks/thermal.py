@@ -191,6 +191,12 @@ def _hw_slowdown(
         )
 
 
+def _against(margin: float, limit: float) -> str:
+    if margin == 0:
+        return f"at its {limit:g} C limit"
+    return f"{abs(margin):g} C {'below' if margin > 0 else 'above'} its {limit:g} C limit"
+
+
 def _hbm_limit(sample: GpuSample, config: ThermalConfig) -> float:
     """The driver's HBM maximum operating temperature, or the configured one."""
     if sample.temperature_memory_max_celsius is not None:
@@ -241,9 +247,6 @@ def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
                 check=NAME,
                 code=code,
                 severity=Severity.WARN,
-                message=(
-                    f"{what} at {temperature:g} C, {abs(margin):g} C "
-                    f"{'below' if margin >= 0 else 'above'} its {limit:g} C limit"
-                ),
+                message=f"{what} at {temperature:g} C, {_against(margin, limit)}",
                 evidence={"temperature_celsius": temperature, "margin_celsius": margin},
             )
