@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuwatchd.canary.confirm import OFFLINE_DIAGNOSTIC, Lead, Watch
 from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.model import Finding, GpuSample, Health, PortSample
 from gpuwatchd.snapshot import Snapshot
@@ -83,13 +84,43 @@ def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
     ]
 
 
+def _suspect_json(lead: Lead | None) -> JsonDict | None:
+    if lead is None:
+        return None
+    pending = [lead.suspect] if lead.suspect_results is None else []
+    if lead.sibling is not None and lead.sibling_results is None:
+        pending.append(lead.sibling)
+    return {
+        "since": lead.since,
+        "canaries": sorted({result.canary for result in lead.evidence}),
+        "sibling": lead.sibling,
+        "reruns_pending": pending,
+    }
+
+
+def _watch_json(watch: Watch | None) -> JsonDict | None:
+    if watch is None:
+        return None
+    return {
+        "until": watch.until,
+        "canary": watch.evidence.canary,
+        "offline_diagnostic": OFFLINE_DIAGNOSTIC if watch.offline else None,
+    }
+
+
 def _canaries_json(stats: CanaryStats | None) -> list[JsonDict] | None:
     """Per target (a GPU, or the host's cores): its last all-pass burst, runs
-    by outcome since the daemon started, and the canaries whose latest run
-    did not pass. None without canaries."""
+    by outcome since the daemon started, the canaries whose latest run did
+    not pass, and whether it is a suspect (a mismatch being re-run on it and
+    a sibling) or watched (a mismatch not confirmed). None without canaries."""
     if stats is None:
         return None
-    targets = sorted({target for target, _ in stats.latest} | set(stats.last_pass))
+    targets = sorted(
+        {target for target, _ in stats.latest}
+        | set(stats.last_pass)
+        | set(stats.suspects)
+        | set(stats.watches)
+    )
     runs: dict[str, dict[str, int]] = defaultdict(dict)
     for (target, _, outcome), count in stats.runs.items():
         runs[target][outcome] = runs[target].get(outcome, 0) + count
@@ -103,9 +134,31 @@ def _canaries_json(stats: CanaryStats | None) -> list[JsonDict] | None:
                 for (of, canary), result in sorted(stats.latest.items())
                 if of == target and result.result != "pass"
             },
+            "suspect": _suspect_json(stats.suspects.get(target)),
+            "watch": _watch_json(stats.watches.get(target)),
         }
         for target in targets
     ]
+
+
+def _sources_json(snapshot: Snapshot) -> JsonDict:
+    """The polled sources, and the canaries: down while GPUs go unchecked
+    for want of a GPU backend (CuPy), which would otherwise pass silently."""
+    sources: JsonDict = {
+        name: {"up": up, "error": snapshot.source_errors.get(name)}
+        for name, up in snapshot.source_up.items()
+    }
+    if snapshot.canary is not None:
+        unchecked = sorted(
+            gpu for gpu, (reason, _) in snapshot.canary.unchecked.items() if reason == "no_backend"
+        )
+        error = (
+            f"no GPU backend: GPU(s) {', '.join(map(str, unchecked))} unchecked"
+            if unchecked
+            else None
+        )
+        sources["canary"] = {"up": error is None, "error": error}
+    return dict(sorted(sources.items()))
 
 
 def to_json(snapshot: Snapshot) -> JsonDict:
@@ -115,10 +168,7 @@ def to_json(snapshot: Snapshot) -> JsonDict:
         "node": {"health": snapshot.node_health.label},
         "driver_version": snapshot.driver_version,
         "state_persisted": snapshot.state_persisted,
-        "sources": {
-            name: {"up": up, "error": snapshot.source_errors.get(name)}
-            for name, up in sorted(snapshot.source_up.items())
-        },
+        "sources": _sources_json(snapshot),
         "gpus": [_gpu_json(gpu, snapshot) for gpu in snapshot.gpus],
         "infiniband_ports": [_port_json(port, snapshot) for port in snapshot.ports],
         "subjects": _subjects_json(snapshot),
@@ -269,7 +319,29 @@ def _canary_lines(data: Mapping[str, Any]) -> list[str]:
         ]
         for c in canaries
     ]
-    return ["", *_table(["CANARY TARGET", "LAST PASS", "RUNS", "NOT PASSING NOW"], rows)]
+    lines = ["", *_table(["CANARY TARGET", "LAST PASS", "RUNS", "NOT PASSING NOW"], rows)]
+    doubts = [f"  {c['target']}: {doubt}" for c in canaries if (doubt := _doubt(c))]
+    return [*lines, "", "canaries under doubt:", *doubts] if doubts else lines
+
+
+def _doubt(canary: Mapping[str, Any]) -> str | None:
+    """A suspect's re-runs, or a watch; `.get`: a daemon of an older version has neither."""
+    suspect, watch = canary.get("suspect"), canary.get("watch")
+    if suspect:
+        names = suspect["canaries"]
+        what = ", ".join(names) if len(names) <= 2 else f"{len(names)} canaries ({names[0]}...)"
+        pending = ", ".join(suspect["reruns_pending"]) or "none"
+        sibling = suspect["sibling"] or "none, so no verdict is possible"
+        return (
+            f"suspect since {format_time(suspect['since'])}: {what} mismatched; "
+            f"sibling {sibling}; re-runs pending on {pending}"
+        )
+    if watch:
+        line = f"watched until {format_time(watch['until'])}: {watch['canary']} mismatched"
+        if watch["offline_diagnostic"]:
+            line += f"; run {watch['offline_diagnostic']}"
+        return line
+    return None
 
 
 def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:

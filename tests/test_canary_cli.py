@@ -68,8 +68,10 @@ def test_a_device_error_means_the_suite_could_not_run(tmp_path: Path) -> None:
 
 def test_a_mismatch_outranks_an_error(tmp_path: Path) -> None:
     faults = "  - {at: 0s, kind: sdc, gpu: 0, mode: error}\n" + SDC_ON_GPU_1
-    code, _ = run("--simulate", scenario(tmp_path, faults))
+    code, output = run("--simulate", scenario(tmp_path, faults))
     assert code == 1
+    # GPU 1's burst mismatched, GPU 0's stopped at its first canary's error.
+    assert output.splitlines()[-1] == "of 33 canaries, 8 mismatched, 1 could not run"
 
 
 def test_what_cannot_run_exits_2(tmp_path: Path) -> None:

@@ -171,3 +171,9 @@ def test_retired_pages_at_dcgm_limit_are_critical_and_definitive() -> None:
 def test_unsupported_memory_readings_are_no_finding() -> None:
     # Absent is not zero: a GPU without ECC, remapping or retirement says nothing.
     assert judged(gpu(1), gpu(1), gpu(1)) == []
+
+
+def test_corrected_errors_in_a_daemons_first_poll_are_no_storm() -> None:
+    # Two corrected errors between the daemon's first two polls: 12/min over
+    # the 10 s seen, but 0.2/min over the window a long-running daemon judges.
+    assert judged(ecc(corrected=0), ecc(corrected=2)) == []

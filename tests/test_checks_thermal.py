@@ -258,3 +258,31 @@ def test_hot_hbm_by_the_drivers_limit_is_not_a_cool_gpu() -> None:
         ],
     )
     assert codes(thermal.run(history, NOW, CONFIG))["hw_slowdown"] is Severity.WARN
+
+
+def test_a_slowdown_in_a_daemons_first_minute_is_judged_against_the_whole_window() -> None:
+    # 60 s of HW slowdown on a cool GPU as the daemon starts, judged at 120 s:
+    # a fifth of the window, as a long-running daemon would count it, not
+    # half of the two minutes seen (which read as a critical board fault).
+    history = timeline(
+        13,
+        lambda k, t: [
+            hot_gpu(temperature_gpu_celsius=45.0, clocks_event_reasons=HW_SLOWDOWN if k < 6 else 0)
+        ],
+    )
+    output = thermal.run(history, last_time(13), CONFIG)
+    assert output.findings == ()
+
+
+def test_throttling_since_the_daemon_started_is_a_share_of_the_whole_window() -> None:
+    # Throttled throughout the 60 s seen: 20 % of the window, not 100 %.
+    history = timeline(7, lambda k, t: [hot_gpu(throttle_seconds={"thermal": 10.0 * k})])
+    output = thermal.run(history, last_time(7), CONFIG)
+    assert ratio(output, "thermal") == pytest.approx(0.2)
+    assert codes(output) == {"thermal_throttling": Severity.WARN}
+
+
+def test_hbm_at_its_limit_is_said_to_be_at_it() -> None:
+    history = timeline(3, lambda k, t: [hot_gpu(temperature_memory_celsius=95.0)])
+    finding = next(iter(thermal.run(history, last_time(3), CONFIG).findings))
+    assert finding.message == "HBM at 95 C, at its 95 C limit"

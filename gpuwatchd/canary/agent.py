@@ -182,7 +182,17 @@ class CanaryAgent:
             for gpu in self._samples:
                 self._mark(gpu, "no_backend", now)
         self._unchecked = {g: u for g, u in self._unchecked.items() if g in self._samples}
-        self._stats = replace(self._stats, unchecked=MappingProxyType(dict(self._unchecked)))
+        watches = {
+            target: watch
+            for target, watch in self._confirm.watching.items()
+            if watch.until > now and target not in self._confirm.confirmed
+        }
+        self._stats = replace(
+            self._stats,
+            unchecked=MappingProxyType(dict(self._unchecked)),
+            suspects=self._confirm.leads,
+            watches=MappingProxyType(watches),
+        )
         return CanaryView(findings(self._confirm, now), self._stats)
 
     def keep_history(self, store: MismatchLog) -> None:

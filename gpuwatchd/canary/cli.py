@@ -276,10 +276,13 @@ def canary(gpu: str, backend: str, simulate: str | None, as_json: bool, burn: st
 
 
 def _verdict(results: Sequence[CanaryResult]) -> str:
-    counts = {o: sum(r.result == o for r in results) for o in ("mismatch", "error", "timeout")}
+    said = {"mismatch": "mismatched", "error": "could not run", "timeout": "timed out"}
+    counts = {o: sum(r.result == o for r in results) for o in said}
     if not any(counts.values()):
         return f"all {len(results)} canaries passed"
-    return ", ".join(f"{n} {o}" for o, n in counts.items() if n) + f" of {len(results)} canaries"
+    return f"of {len(results)} canaries, " + ", ".join(
+        f"{n} {said[o]}" for o, n in counts.items() if n
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """What the canaries did since the daemon started: an immutable aggregate of
-results, built burst by burst, that the exporter renders."""
+results, built burst by burst, that the exporter renders; and the targets
+under doubt now (leads awaiting their re-runs, watches), that status shows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from gpuwatchd.canary.confirm import Lead, Watch
 from gpuwatchd.canary.result import CanaryResult
 
 
@@ -31,6 +33,11 @@ class CanaryStats:
     # (target, canary) pairs that will run: exported at zero from the first
     # poll, so that even a first burst's mismatch is an increase from 0.
     planned: frozenset[tuple[str, str]] = frozenset()
+    # Target -> its lead under confirmation (a mismatch re-run on it and a
+    # sibling), and target -> its watch (an unconfirmed mismatch, watched
+    # with more frequent bursts): the agent sets both every poll.
+    suspects: Mapping[str, Lead] = field(default_factory=_empty)
+    watches: Mapping[str, Watch] = field(default_factory=_empty)
 
     def plan(self, pairs: Iterable[tuple[str, str]]) -> CanaryStats:
         """These stats with `pairs` exported from now on, at zero until they run."""
@@ -53,11 +60,10 @@ class CanaryStats:
             times = [result.time for result in mine if result.time is not None]
             if times and all(result.result == "pass" for result in mine):
                 last_pass[target] = max(times)
-        return CanaryStats(
+        return replace(
+            self,
             runs=MappingProxyType(runs),
             mismatched_bits=MappingProxyType(bits),
             last_pass=MappingProxyType(last_pass),
             latest=MappingProxyType(latest),
-            unchecked=self.unchecked,
-            planned=self.planned,
         )

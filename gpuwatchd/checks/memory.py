@@ -117,15 +117,18 @@ def _ecc(
     corrected = _ecc_increase(track, "corrected", "volatile", now, config.window)
     if corrected.seconds <= 0:
         corrected = _ecc_increase(track, "corrected", "aggregate", now, config.window)
-    if corrected.seconds > 0 and corrected.rate >= config.sbe_storm_rate:
+    # Over the whole window, the time before the first sample without errors:
+    # a daemon that just started sees the rate a long-running one would.
+    rate = corrected.increase / max(corrected.seconds, config.window)
+    if corrected.seconds > 0 and rate >= config.sbe_storm_rate:
         yield Finding(
             subject=subject,
             check=NAME,
             code="ecc_sbe_storm",
             severity=Severity.WARN,
-            message=f"corrected ECC errors at {corrected.rate * 60:.3g}/min",
+            message=f"corrected ECC errors at {rate * 60:.3g}/min",
             evidence={
-                "rate_per_second": round(corrected.rate, 6),
+                "rate_per_second": round(rate, 6),
                 "errors": corrected.increase,
                 "window_seconds": config.window,
             },

@@ -93,8 +93,12 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
             for reason, ratio in ratios.items()
         )
         recent = track.between(now - config.window, now)
+        # The part of the window the daemon has seen: what it did not see
+        # counts as unthrottled, so a daemon that just started judges a
+        # share of the whole window, as a long-running one does.
+        seen = min(1.0, (now - track.times[0]) / config.window)
         findings.extend(_throttling(latest, ratios, config))
-        findings.extend(_hw_slowdown(latest, recent, ratios, config))
+        findings.extend(_hw_slowdown(latest, recent, ratios, config, seen))
         findings.extend(_headroom(latest, config))
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
 
@@ -107,7 +111,8 @@ def _throttle_ratios(track: Track[GpuSample], now: float, window: float) -> dict
         column = track.column((NAME, reason), _VIOLATION_SECONDS[reason])
         grown = column.increase(first, last, track.times)
         if grown.seconds > 0:
-            ratios[reason] = min(1.0, grown.rate)
+            # Over the whole window, the time before the first sample unthrottled.
+            ratios[reason] = min(1.0, grown.increase / max(grown.seconds, window))
     return ratios
 
 
@@ -139,15 +144,17 @@ def _hw_slowdown(
     recent: Sequence[GpuSample],
     ratios: dict[str, float],
     config: ThermalConfig,
+    seen: float,
 ) -> Iterator[Finding]:
     """HW slowdown's share of the window: the larger of what the counters
     integrated (events shorter than a poll count) and of the share of samples
-    with a HW slowdown bit (fast-trigger protection has no counter)."""
+    with a HW slowdown bit (fast-trigger protection has no counter), of the
+    part of the window `seen`."""
     known = [sample for sample in recent if sample.clocks_event_reasons is not None]
     slowed = [
         sample for sample in known if any(sample.reason_active(r) for r in HW_SLOWDOWN_REASONS)
     ]
-    sample_share = len(slowed) / len(known) if known else 0.0
+    sample_share = len(slowed) / len(known) * seen if known else 0.0
     counted = {r: ratios[r] for r in HW_SLOWDOWN_COUNTERS if ratios.get(r, 0.0) > 0}
     share = max([sample_share, *counted.values()])
     if share < config.hw_slowdown_ratio:
@@ -184,6 +191,12 @@ def _hw_slowdown(
             action=Action.INSPECT_HARDWARE,
             evidence=evidence,
         )
+
+
+def _against(margin: float, limit: float) -> str:
+    if margin == 0:
+        return f"at its {limit:g} C limit"
+    return f"{abs(margin):g} C {'below' if margin > 0 else 'above'} its {limit:g} C limit"
 
 
 def _hbm_limit(sample: GpuSample, config: ThermalConfig) -> float:
@@ -236,9 +249,6 @@ def _headroom(latest: GpuSample, config: ThermalConfig) -> Iterator[Finding]:
                 check=NAME,
                 code=code,
                 severity=Severity.WARN,
-                message=(
-                    f"{what} at {temperature:g} C, {abs(margin):g} C "
-                    f"{'below' if margin >= 0 else 'above'} its {limit:g} C limit"
-                ),
+                message=f"{what} at {temperature:g} C, {_against(margin, limit)}",
                 evidence={"temperature_celsius": temperature, "margin_celsius": margin},
             )
