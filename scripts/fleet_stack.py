@@ -43,6 +43,7 @@ environment (the nodes are gpuwatchd).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -334,10 +335,15 @@ class FleetStack(Services):
         """An instant query's result from VictoriaMetrics."""
         return instant_query(self.vm_url, expr)
 
-    def count(self, selector: str) -> float:
-        """How many series `selector` selects now."""
-        result = self.query(f"count({selector})")
-        return float(result[0]["value"][1]) if result else 0.0
+    def node_series(self) -> float:
+        """The series a node exports, on average over the fleet."""
+        total = 0
+        for member in self.members:
+            url = f"http://{self.nodes_address}/nodes/{member.name}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as response:
+                lines = response.read().decode().splitlines()
+            total += sum(1 for line in lines if line and not line.startswith("#"))
+        return total / len(self.members)
 
     def measure(self, warmup: float, seconds: float, stop: threading.Event) -> dict[str, Any]:
         """Ingestion, series, rule evaluation, memory and CPU over `seconds`,
@@ -365,7 +371,7 @@ class FleetStack(Services):
             "window_s": round(elapsed, 1),
             "samples_per_s": round((vm["rows"] - before.vm["rows"]) / elapsed),
             "series": int(vm["series"]),
-            "series_per_node": round(vm["node_series"] / len(self.members)),
+            "series_per_node": round(self.node_series()),
             "rule_groups": groups,
             "rss_mib": {name: round(rss / 2**20) for name, (rss, _) in after.processes.items()},
             "cpu_cores": {
@@ -374,6 +380,18 @@ class FleetStack(Services):
                 if name in before.processes
             },
             "node_round_s": after.round_seconds,
+            "rules_failing": self.failing_rules(),
+        }
+
+    def failing_rules(self) -> dict[str, str]:
+        """Rule -> the error of its last evaluation, for rules that failed."""
+        with urllib.request.urlopen(f"{self.vmalert_url}/api/v1/rules", timeout=30) as response:
+            groups = json.load(response)["data"]["groups"]
+        return {
+            rule["name"]: rule["lastError"]
+            for group in groups
+            for rule in group["rules"]
+            if rule.get("lastError")
         }
 
 
@@ -406,13 +424,13 @@ class _Sample:
 
     @staticmethod
     def take(stack: FleetStack) -> _Sample:
-        vm = {"rows": 0.0}
-        for name, _, value in _metrics(stack.vm_url):
+        vm = {"rows": 0.0, "series": 0.0}
+        for name, labels, value in _metrics(stack.vm_url):
             if name == "vm_rows_inserted_total":
                 vm["rows"] += value
-        # Series of the last hour: every series this short run has written.
-        vm["series"] = stack.count('{__name__!=""}')
-        vm["node_series"] = stack.count(f'{{job="{JOB}"}}')
+            # Series written this hour: VictoriaMetrics' count of active series.
+            elif name == "vm_cache_entries" and 'type="storage/hour_metric_ids"' in labels:
+                vm["series"] = value
         vmalert: dict[tuple[str, ...], float] = {}
         for name, labels, value in _metrics(stack.vmalert_url):
             group = _label(labels, "group")
