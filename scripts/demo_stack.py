@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -251,11 +251,34 @@ def instant_query(url: str, expr: str) -> list[dict[str, Any]]:
 
 class Services:
     """Processes started with their logs under `workdir`/logs, stopped in
-    reverse order of start."""
+    reverse order of start, and the receiver of Alertmanager's notifications.
+    As a context manager: the receiver and `start()` on entry, all stopped on
+    exit (or when `start()` fails)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, receiver: Receiver) -> None:
         self.workdir = workdir
+        self.receiver = receiver
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __enter__(self) -> Self:
+        threading.Thread(target=self.receiver.serve_forever, name="receiver", daemon=True).start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stop_processes()
+        self.receiver.shutdown()
+        self.receiver.server_close()
 
     def stop_processes(self) -> None:
         # In reverse order of start: the scrapers stop before the nodes go.
@@ -344,28 +367,15 @@ class Stack(Services):
         nodes: Sequence[Node] = NODES,
         echo: Callable[[Notification], None] | None = None,
     ) -> None:
-        super().__init__(workdir)
+        super().__init__(workdir, Receiver(base_port + 2, echo))
         self.time_scale = time_scale
         self.nodes = tuple(nodes)
         self.prometheus_url = f"http://127.0.0.1:{base_port}"
         self.alertmanager_url = f"http://127.0.0.1:{base_port + 1}"
-        self.receiver = Receiver(base_port + 2, echo)
         self.node_ports = {node.name: base_port + 10 + i for i, node in enumerate(self.nodes)}
         self.started = time.time()
 
-    def __enter__(self) -> Stack:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def start(self) -> None:
-        threading.Thread(target=self.receiver.serve_forever, name="receiver", daemon=True).start()
         for node in self.nodes:
             if node.scenario is not None:
                 self._start_node(node, node.scenario)
@@ -380,11 +390,6 @@ class Stack(Services):
                 waiting[node.name] = f"http://127.0.0.1:{self.node_ports[node.name]}/healthz"
         self.wait_ready(waiting)
         self.started = time.time()
-
-    def stop(self) -> None:
-        self.stop_processes()
-        self.receiver.shutdown()
-        self.receiver.server_close()
 
     def _start_node(self, node: Node, scenario: str | dict[str, Any]) -> None:
         if isinstance(scenario, dict):
@@ -469,6 +474,18 @@ class Stack(Services):
         return result
 
 
+def stop_on_signal() -> threading.Event:
+    """An event that SIGINT (Ctrl-C) and SIGTERM set."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,13 +506,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuwatchd-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signal()
     try:
         with Stack(workdir, args.base_port, args.time_scale, echo=print_notification) as stack:
             print(f"Prometheus   {stack.prometheus_url}/alerts")

@@ -48,7 +48,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -57,7 +56,6 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import yaml
@@ -71,6 +69,7 @@ from demo_stack import (
     instant_query,
     print_notification,
     scale_rules,
+    stop_on_signal,
 )
 
 SHARDS = 2
@@ -170,7 +169,7 @@ class FleetStack(Services):
         duration: float = 600.0,
         echo: Callable[[Notification], None] | None = None,
     ) -> None:
-        super().__init__(workdir)
+        super().__init__(workdir, Receiver(base_port + 3, echo))
         self.members = tuple(members)
         self.time_scale = time_scale
         self.interval = interval
@@ -180,24 +179,11 @@ class FleetStack(Services):
         self.vm_url = f"http://127.0.0.1:{base_port}"
         self.vmalert_url = f"http://127.0.0.1:{base_port + 1}"
         self.alertmanager_url = f"http://127.0.0.1:{base_port + 2}"
-        self.receiver = Receiver(base_port + 3, echo)
         self.shard_urls = [f"http://127.0.0.1:{base_port + 4 + n}" for n in range(SHARDS)]
         self.nodes_address = f"127.0.0.1:{base_port + 4 + SHARDS}"
         self.started = time.time()
 
-    def __enter__(self) -> FleetStack:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def start(self) -> None:
-        threading.Thread(target=self.receiver.serve_forever, name="receiver", daemon=True).start()
         self._start_nodes()
         self._start_victoria_metrics()
         self.start_alertmanager(self.alertmanager_url.split("//")[1], self.receiver.url)
@@ -216,11 +202,6 @@ class FleetStack(Services):
         # Building a daemon per node takes a while: the last to be ready.
         self.wait_ready({"nodes": f"http://{self.nodes_address}/healthz"}, NODES_READY_TIMEOUT_S)
         self.started = time.time()
-
-    def stop(self) -> None:
-        self.stop_processes()
-        self.receiver.shutdown()
-        self.receiver.server_close()
 
     def _start_nodes(self) -> None:
         path = self.workdir / "nodes.yaml"
@@ -475,13 +456,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signal()
     stack = FleetStack(
         workdir,
         args.base_port,

@@ -13,9 +13,7 @@ durations are divided by TIME_SCALE so that the module takes about two minutes.
 from __future__ import annotations
 
 import json
-import random
 import shutil
-import socket
 import sys
 import time
 import urllib.request
@@ -25,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from actions_support import free_port_range
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -78,24 +77,6 @@ EXPECTED_ALERTS = {
 NOT_RAISED_HERE = {"GpuwatchdCanaryTflopsStraggler"}
 
 
-def _free_base_port() -> int:
-    for _ in range(50):
-        base = random.randrange(20000, 60000)
-        probes = []
-        try:
-            for port in range(base, base + PORTS):
-                probe = socket.socket()
-                probes.append(probe)
-                probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    pytest.fail("no free range of loopback ports")
-
-
 def _key(labels: dict[str, str]) -> tuple[str, ...]:
     return tuple(
         labels.get(name, "") for name in ("alertname", "cluster", "instance", "gpu", "reason")
@@ -123,7 +104,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     members = fleet_stack.fleet(NODES)
     running = fleet_stack.FleetStack(
         workdir,
-        _free_base_port(),
+        free_port_range(PORTS),
         members,
         time_scale=TIME_SCALE,
         interval=INTERVAL_S,

@@ -101,19 +101,13 @@ class _Member:
         self.body = b""
 
     def poll(self) -> None:
-        self.hardware.install()
-        try:
+        with self.hardware.nvml:
             self.daemon.step()
-        finally:
-            self.hardware.uninstall()
         self.body = generate_latest(self.daemon.registry)
 
     def _close(self) -> None:
-        self.hardware.install()
-        try:
+        with self.hardware.nvml:
             self.daemon.close()
-        finally:
-            self.hardware.uninstall()
 
 
 class SimulatedFleet:
