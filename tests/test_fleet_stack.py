@@ -7,7 +7,8 @@ Every fleet alert must fire on the GPUs (or the cluster) whose faults call for
 it, and on no other: a rule's spread taken over one shard instead of the whole
 cluster, a rule that MetricsQL reads differently from PromQL, or a model mixed
 into another's spread would show as a missing or an extra alert. The rules'
-durations are divided by TIME_SCALE so that the module takes about two minutes.
+durations are divided by TIME_SCALE so that the module takes minutes: 2 to 5 on
+a shared 2-core machine.
 """
 
 from __future__ import annotations
@@ -30,15 +31,19 @@ sys.path.insert(0, str(REPO / "scripts"))
 import fleet_stack  # noqa: E402  (a script beside demo_stack, found through the path above)
 
 NODES = 200
-TIME_SCALE = 30.0
+# The throttle ratio is a rate over a scaled 10-minute window, which must
+# hold a few polls: on a loaded 2-core machine a round of 200 polls takes
+# several times its 5 s interval (measured up to 30 s for whole nodes), and a
+# window with no poll in it reads 0 and restarts the alert's `for:`.
+TIME_SCALE = 20.0
 INTERVAL_S = 5.0
-# The last alerts wait for a GPU to heat up (20 s), a 10-minute rate (20 s
-# here) and a 15-minute `for:` (30 s), each step an evaluation or two late,
+# The last alerts wait for a GPU to heat up (20 s), a 10-minute rate (30 s
+# here) and a 15-minute `for:` (45 s), each step an evaluation or two late,
 # behind polls that fall behind their interval on a busy machine.
-ALERT_DEADLINE_S = 180.0
+ALERT_DEADLINE_S = 240.0
 # After the last expected alert, the stack runs one scaled `for:` longer: an
 # alert that should not fire has had as long to as the expected ones had.
-HOLD_S = 30.0
+HOLD_S = 15 * 60 / TIME_SCALE
 PORTS = 4 + fleet_stack.SHARDS + 1
 
 pytestmark = [
@@ -166,5 +171,9 @@ def test_vmalert_evaluates_every_rule_without_an_error(stack: Any) -> None:
 def test_every_fleet_alert_fires_where_the_faults_are_and_nowhere_else(stack: Any) -> None:
     fired = _fired(stack)
     missing = sorted(EXPECTED_ALERTS - fired)
-    assert not missing, f"not received within {ALERT_DEADLINE_S:g}s: {missing}"
+    rounds = (stack.workdir / "logs" / "nodes.log").read_text().split("round ")[-10:]
+    assert not missing, (
+        f"not received within {ALERT_DEADLINE_S:g}s: {missing}; "
+        f"the nodes' last rounds of polls took {' '.join(r.split()[-1] for r in rounds)}"
+    )
     assert sorted(fired - EXPECTED_ALERTS) == []
