@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -240,7 +240,7 @@ def print_notification(notification: Notification) -> None:
 # --- the stack --------------------------------------------------------------
 
 
-def _binary(*names: str) -> str:
+def binary(*names: str) -> str:
     for name in names:
         found = shutil.which(name)
         if found:
@@ -248,34 +248,32 @@ def _binary(*names: str) -> str:
     raise SystemExit(f"none of {', '.join(names)} is on PATH")
 
 
-def _get_json(url: str, timeout: float = 10.0) -> Any:
+def get_json(url: str, timeout: float = 10.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.load(response)
 
 
-class Stack:
-    """Nodes, Prometheus and Alertmanager under `workdir`, on loopback ports:
-    Prometheus on `base_port`, Alertmanager +1, the receiver +2, nodes from +10."""
+def instant_query(url: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query's result from the Prometheus HTTP API at `url`."""
+    params = urllib.parse.urlencode({"query": expr})
+    answer = get_json(f"{url}/api/v1/query?{params}")
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
 
-    def __init__(
-        self,
-        workdir: Path,
-        base_port: int,
-        time_scale: float,
-        nodes: Sequence[Node] = NODES,
-        echo: Callable[[Notification], None] | None = None,
-    ) -> None:
+
+class Services:
+    """Processes started with their logs under `workdir`/logs, stopped in
+    reverse order of start, and the receiver of Alertmanager's notifications.
+    As a context manager: the receiver and `start()` on entry, all stopped on
+    exit (or when `start()` fails)."""
+
+    def __init__(self, workdir: Path, receiver: Receiver) -> None:
         self.workdir = workdir
-        self.time_scale = time_scale
-        self.nodes = tuple(nodes)
-        self.prometheus_url = f"http://127.0.0.1:{base_port}"
-        self.alertmanager_url = f"http://127.0.0.1:{base_port + 1}"
-        self.receiver = Receiver(base_port + 2, echo)
-        self.node_ports = {node.name: base_port + 10 + i for i, node in enumerate(self.nodes)}
+        self.receiver = receiver
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.started = time.time()
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> Self:
+        threading.Thread(target=self.receiver.serve_forever, name="receiver", daemon=True).start()
         try:
             self.start()
         except BaseException:
@@ -287,17 +285,15 @@ class Stack:
         self.stop()
 
     def start(self) -> None:
-        threading.Thread(target=self.receiver.serve_forever, name="receiver", daemon=True).start()
-        for node in self.nodes:
-            if node.scenario is not None:
-                self._start_node(node, node.scenario)
-        self._start_alertmanager()
-        self._start_prometheus()
-        self._wait_ready()
-        self.started = time.time()
+        raise NotImplementedError
 
     def stop(self) -> None:
-        # In reverse order of start: Prometheus stops scraping before the nodes go.
+        self.stop_processes()
+        self.receiver.shutdown()
+        self.receiver.server_close()
+
+    def stop_processes(self) -> None:
+        # In reverse order of start: the scrapers stop before the nodes go.
         for process in reversed(self.processes.values()):
             if process.poll() is None:
                 process.terminate()
@@ -306,10 +302,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=STOP_TIMEOUT_S)
-        self.receiver.shutdown()
-        self.receiver.server_close()
 
-    def _spawn(self, name: str, command: Sequence[str]) -> None:
+    def spawn(self, name: str, command: Sequence[str]) -> None:
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "wb") as log:
@@ -318,6 +312,96 @@ class Stack:
             self.processes[name] = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def wait_ready(self, waiting: dict[str, str], timeout: float = READY_TIMEOUT_S) -> None:
+        """Until each process named in `waiting` answers its URL."""
+        waiting = dict(waiting)
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            for name, url in list(waiting.items()):
+                if self.processes[name].poll() is not None:
+                    log = (self.workdir / "logs" / f"{name}.log").read_text()[-2000:]
+                    raise RuntimeError(f"{name} exited early:\n{log}")
+                try:
+                    with urllib.request.urlopen(url, timeout=2):
+                        del waiting[name]
+                except (urllib.error.URLError, OSError):
+                    pass  # not listening yet: asked again until the timeout
+            time.sleep(0.2)
+        if waiting:
+            raise RuntimeError(f"not ready after {timeout:g}s: {', '.join(waiting)}")
+
+    def start_alertmanager(self, address: str, receiver_url: str) -> None:
+        """The shipped routing on `address`, its receivers pointed at
+        `receiver_url` (/webhook and /slack) and its waits cut to a second."""
+        config: dict[str, Any] = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+        slack_url = self.workdir / "slack_api_url"
+        slack_url.write_text(f"{receiver_url}/slack\n")
+        config["global"]["slack_api_url_file"] = str(slack_url)
+        for receiver in config["receivers"]:
+            for webhook in receiver.get("webhook_configs", []):
+                webhook["url"] = f"{receiver_url}/webhook"
+        config["templates"] = [
+            str(ALERTMANAGER_CONFIG.parent / template) for template in config["templates"]
+        ]
+        routes = [config["route"]]
+        while routes:
+            route = routes.pop()
+            for timer in ("group_wait", "group_interval"):
+                if timer in route:
+                    route[timer] = "1s"
+            routes.extend(route.get("routes", []))
+        path = self.workdir / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.spawn(
+            "alertmanager",
+            [
+                binary("prometheus-alertmanager", "alertmanager"),
+                f"--config.file={path}",
+                f"--storage.path={self.workdir / 'alertmanager-data'}",
+                f"--web.listen-address={address}",
+                # No gossip with other Alertmanagers: it would listen on every interface.
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+        )
+
+
+class Stack(Services):
+    """Nodes, Prometheus and Alertmanager under `workdir`, on loopback ports:
+    Prometheus on `base_port`, Alertmanager +1, the receiver +2, nodes from +10."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        base_port: int,
+        time_scale: float,
+        nodes: Sequence[Node] = NODES,
+        echo: Callable[[Notification], None] | None = None,
+    ) -> None:
+        super().__init__(workdir, Receiver(base_port + 2, echo))
+        self.time_scale = time_scale
+        self.nodes = tuple(nodes)
+        self.prometheus_url = f"http://127.0.0.1:{base_port}"
+        self.alertmanager_url = f"http://127.0.0.1:{base_port + 1}"
+        self.node_ports = {node.name: base_port + 10 + i for i, node in enumerate(self.nodes)}
+        self.started = time.time()
+
+    def start(self) -> None:
+        for node in self.nodes:
+            if node.scenario is not None:
+                self._start_node(node, node.scenario)
+        self.start_alertmanager(self.alertmanager_url.split("//")[1], self.receiver.url)
+        self._start_prometheus()
+        waiting = {
+            "prometheus": f"{self.prometheus_url}/-/ready",
+            "alertmanager": f"{self.alertmanager_url}/-/ready",
+        }
+        for node in self.nodes:
+            if node.scenario is not None:
+                waiting[node.name] = f"http://127.0.0.1:{self.node_ports[node.name]}/healthz"
+        self.wait_ready(waiting)
+        self.started = time.time()
 
     def _start_node(self, node: Node, scenario: str | dict[str, Any]) -> None:
         if isinstance(scenario, dict):
@@ -330,7 +414,7 @@ class Stack:
         command += ["--listen", f"127.0.0.1:{self.node_ports[node.name]}"]
         command += ["--state-dir", str(self.workdir / "state" / node.name)]
         command += ["--interval", f"{SCRAPE_SECONDS}s"]
-        self._spawn(node.name, command)
+        self.spawn(node.name, command)
 
     def _node_config(self, node: Node) -> Path:
         """A node's config: canary bursts as much sooner as the rules' durations
@@ -379,10 +463,10 @@ class Stack:
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         address = self.prometheus_url.split("//")[1]
-        self._spawn(
+        self.spawn(
             "prometheus",
             [
-                _binary("prometheus"),
+                binary("prometheus"),
                 f"--config.file={path}",
                 f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
                 f"--web.listen-address={address}",
@@ -392,82 +476,30 @@ class Stack:
             ],
         )
 
-    def _alertmanager_config(self) -> dict[str, Any]:
-        """The shipped routing, with its receivers pointed at this process and
-        its waits cut to a second."""
-        config: dict[str, Any] = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
-        slack_url = self.workdir / "slack_api_url"
-        slack_url.write_text(f"{self.receiver.url}/slack\n")
-        config["global"]["slack_api_url_file"] = str(slack_url)
-        for receiver in config["receivers"]:
-            for webhook in receiver.get("webhook_configs", []):
-                webhook["url"] = f"{self.receiver.url}/webhook"
-        config["templates"] = [
-            str(ALERTMANAGER_CONFIG.parent / template) for template in config["templates"]
-        ]
-        routes = [config["route"]]
-        while routes:
-            route = routes.pop()
-            for timer in ("group_wait", "group_interval"):
-                if timer in route:
-                    route[timer] = "1s"
-            routes.extend(route.get("routes", []))
-        return config
-
-    def _start_alertmanager(self) -> None:
-        path = self.workdir / "alertmanager.yml"
-        path.write_text(yaml.safe_dump(self._alertmanager_config(), sort_keys=False))
-        self._spawn(
-            "alertmanager",
-            [
-                _binary("prometheus-alertmanager", "alertmanager"),
-                f"--config.file={path}",
-                f"--storage.path={self.workdir / 'alertmanager-data'}",
-                f"--web.listen-address={self.alertmanager_url.split('//')[1]}",
-                # No gossip with other Alertmanagers: it would listen on every interface.
-                "--cluster.listen-address=",
-                "--log.level=warn",
-            ],
-        )
-
-    def _wait_ready(self) -> None:
-        waiting = {
-            "prometheus": f"{self.prometheus_url}/-/ready",
-            "alertmanager": f"{self.alertmanager_url}/-/ready",
-        }
-        for node in self.nodes:
-            if node.scenario is not None:
-                waiting[node.name] = f"http://127.0.0.1:{self.node_ports[node.name]}/healthz"
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while waiting and time.monotonic() < deadline:
-            for name, url in list(waiting.items()):
-                if self.processes[name].poll() is not None:
-                    log = (self.workdir / "logs" / f"{name}.log").read_text()[-2000:]
-                    raise RuntimeError(f"{name} exited early:\n{log}")
-                try:
-                    with urllib.request.urlopen(url, timeout=2):
-                        del waiting[name]
-                except (urllib.error.URLError, OSError):
-                    pass  # not listening yet: asked again until READY_TIMEOUT_S
-            time.sleep(0.2)
-        if waiting:
-            raise RuntimeError(f"not ready after {READY_TIMEOUT_S:g}s: {', '.join(waiting)}")
-
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result."""
-        params = urllib.parse.urlencode({"query": expr})
-        answer = _get_json(f"{self.prometheus_url}/api/v1/query?{params}")
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
+        return instant_query(self.prometheus_url, expr)
 
     def query_range(self, expr: str, step_seconds: float = 2.0) -> list[dict[str, Any]]:
         """A range query's result from the stack's start to now."""
         params = urllib.parse.urlencode(
             {"query": expr, "start": self.started, "end": time.time(), "step": step_seconds}
         )
-        answer = _get_json(f"{self.prometheus_url}/api/v1/query_range?{params}")
+        answer = get_json(f"{self.prometheus_url}/api/v1/query_range?{params}")
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result
+
+
+def stop_on_signal() -> threading.Event:
+    """An event that SIGINT (Ctrl-C) and SIGTERM set."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
 
 
 def main(argv: Sequence[str]) -> int:
@@ -490,13 +522,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuwatchd-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signal()
     try:
         with Stack(workdir, args.base_port, args.time_scale, echo=print_notification) as stack:
             print(f"Prometheus   {stack.prometheus_url}/alerts")

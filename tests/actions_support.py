@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -32,6 +33,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_range(count: int) -> int:
+    """A port P such that P..P+count-1 are free on loopback now."""
+    for _ in range(50):
+        base = random.randrange(20000, 60000)
+        with contextlib.ExitStack() as probes:
+            try:
+                for port in range(base, base + count):
+                    probes.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise AssertionError("no free range of loopback ports")
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from actions_support import free_port_range
 from test_dashboards import DASHBOARDS, expressions, load, substitute
 from test_prometheus_rules import EXPORTED_METRICS
 
@@ -129,26 +128,6 @@ def test_scaled_rules_divide_every_duration_and_still_load(tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _free_base_port() -> int:
-    """A port P such that P..P+10+NODE_COUNT are free on loopback now."""
-    for _ in range(50):
-        base = random.randrange(20000, 60000)
-        ports = [base, base + 1, base + 2, *range(base + 10, base + 10 + NODE_COUNT)]
-        probes = []
-        try:
-            for port in ports:
-                probe = socket.socket()
-                probes.append(probe)
-                probe.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    pytest.fail("no free range of loopback ports")
-
-
 def _webhook_alerts(stack: Any) -> list[dict[str, Any]]:
     return [
         alert
@@ -170,7 +149,7 @@ def _fired(stack: Any) -> set[tuple[str, str]]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     workdir = tmp_path_factory.mktemp("stack")
     assert len(demo_stack.NODES) == NODE_COUNT
-    with demo_stack.Stack(workdir, _free_base_port(), TIME_SCALE) as running:
+    with demo_stack.Stack(workdir, free_port_range(10 + NODE_COUNT), TIME_SCALE) as running:
         deadline = time.monotonic() + ALERT_DEADLINE_S
         while time.monotonic() < deadline and not EXPECTED_ALERTS.issubset(_fired(running)):
             time.sleep(1.0)
