@@ -112,6 +112,9 @@ KIND_FAULTS: dict[str, str] = {
     "counter: excessive_buffer_overrun_errors}",
     "ib_counter_einval": "{kind: ib_counter_einval, hca: mlx5_1, port: 1, counter: port_xmit_wait}",
     "sdc": "{kind: sdc, gpu: 1}",
+    "aer_errors": "{kind: aer_errors, gpu: 1, severity: fatal}",
+    "config_drift": "{kind: config_drift, gpu: 1, setting: ecc_mode}",
+    "kernel_xid": "{kind: kernel_xid, gpu: 1, code: 79, ago: 2m}",
 }
 
 

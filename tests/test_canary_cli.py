@@ -71,7 +71,7 @@ def test_a_mismatch_outranks_an_error(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, faults))
     assert code == 1
     # GPU 1's burst mismatched, GPU 0's stopped at its first canary's error.
-    assert output.splitlines()[-1] == "of 33 canaries, 8 mismatched, 1 could not run"
+    assert output.splitlines()[-1] == "of 35 canaries, 9 mismatched, 1 could not run"
 
 
 def test_what_cannot_run_exits_2(tmp_path: Path) -> None:
