@@ -115,6 +115,7 @@ def fleet(count: int) -> tuple[Member, ...]:
     - a-001 GPU 2 and b-001 GPU 6 clock 30 % slow (clock_drift);
     - a-002 GPU 5 overheats (thermal_throttle: HW slowdown halves its clock);
     - the first A100 node of b overheats on GPU 1, the second drifts on GPU 3;
+    - a-003 GPU 4 runs with ECC off, unlike the rest of its cluster (config_drift);
     - in `a`, enough nodes lose 4 GPUs each (gpu_lost: quarantined) that 7 %
       of the cluster's GPUs are quarantined; in `b`, one node, under 1 %.
     """
@@ -130,6 +131,7 @@ def fleet(count: int) -> tuple[Member, ...]:
     faults: dict[str, tuple[dict[str, Any], ...]] = {
         "a-001": (_drift(2),),
         "a-002": (_thermal(5),),
+        "a-003": ({"at": FAULT_AT, "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},),
         "b-001": (_drift(6),),
         f"b-{a100_from:03d}": (_thermal(1),),
         f"b-{a100_from + 1:03d}": (_drift(3),),

@@ -59,12 +59,14 @@ class Fleet:
     def drain(self, *nodes: int) -> None:
         """Mark nodes drained and wait until Prometheus has scraped it."""
         self.drained = set(nodes)
-        expression = "count(gpuwatchd_scheduler_drained == 1)"
+        # The very nodes, not their number: while a scrape round is half
+        # done, a node drained before still counts and one just drained
+        # already does.
+        wanted = {f"node-{n}" for n in nodes}
 
         def scraped() -> bool:
-            result = self.query(expression)
-            count = int(float(result[0]["value"][1])) if result else 0
-            return count == len(nodes)
+            result = self.query("gpuwatchd_scheduler_drained == 1")
+            return {series["metric"]["instance"] for series in result} == wanted
 
         wait_for(scraped, f"Prometheus to see {len(nodes)} drained nodes")
 

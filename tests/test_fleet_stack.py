@@ -72,6 +72,8 @@ EXPECTED_ALERTS = {
     ("GpuwatchdGpuThrottleStraggler", "b", "b-080", "1", "thermal"),
     # 56 of a's 800 GPUs are lost (7 %); 4 of b's 800 (0.5 %)
     ("GpuwatchdFleetQuarantineHigh", "a", "", "", ""),
+    # one GPU with ECC off where the rest of cluster a has it on
+    ("GpuwatchdNodeConfigUnlikeCluster", "a", "a-003", "", ""),
 }
 # On simulated nodes no canary runs here: a CPU burst standing in for each of
 # 1,600 GPUs would cost more than the whole stack, and its TFLOP/s would
