@@ -94,7 +94,9 @@ class ReferenceCache:
         if self._directory is None:
             return
         try:
-            self._directory.mkdir(parents=True, exist_ok=True)
+            # Not its parents: a burst still running after the daemon stopped
+            # and removed its state directory must not create it again.
+            self._directory.mkdir(exist_ok=True)
             with tempfile.NamedTemporaryFile(
                 "w", dir=self._directory, delete=False, encoding="ascii"
             ) as handle:
