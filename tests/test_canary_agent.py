@@ -111,14 +111,15 @@ def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() 
     for _ in range(3):
         view = canaries.poll(node)
         clock.advance(POLL)
-    # Every canary of the burst went wrong, the re-run on gpu:1 did not,
-    # and the sibling computed every one of them right: eight mismatches of
-    # gpu:1's own.
+    # Every canary with a known answer went wrong in the burst (five exact
+    # GEMMs, three chains, the conversions, two tensor-core tiles), the
+    # re-run on gpu:1 did not, and the sibling computed every one of them
+    # right: eleven mismatches of gpu:1's own.
     [finding] = view.findings
-    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 9
+    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 11
     # The history is in the state database, for the next daemon.
     records = store.canary_mismatches(since=0.0)
-    assert len(records) == 9 and {r["target"] for r in records} == {"gpu:1"}
+    assert len(records) == 11 and {r["target"] for r in records} == {"gpu:1"}
     restarted = agent(clock, config=CanaryConfig(host_cores=False))
     restarted.keep_history(store)
     assert restarted._confirm.history == canaries._confirm.history

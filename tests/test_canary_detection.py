@@ -11,6 +11,9 @@ Why each canary is (or is not) meant to catch each class:
   because of their sign patterns and power-of-two scales, the integer chain
   and the random GEMMs produce them by chance; the FMA chains never do (their
   state is non-negative), so they are not meant to catch it;
+- the tensor-core tiles (mma) are exact like the exact GEMMs: signed int8
+  products and signed, scaled fp8 ones give negative outputs with the
+  trigger's bits;
 - the HBM faults live in memory cells the compute canaries never store to:
   walking ones and moving inversions catch a stuck bit, own-address catches
   it too (a word and its complement set every bit once), and only
@@ -34,6 +37,7 @@ from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.spec import (
     CPU_SIZE,
     EXACT_GEMM_DTYPES,
+    MMA_DTYPES,
     RANDOM_GEMM_DTYPES,
     CanarySpec,
     default_suite,
@@ -45,7 +49,8 @@ EXACT_GEMMS = frozenset(f"gemm_exact_{dtype}" for dtype in EXACT_GEMM_DTYPES)
 RANDOM_GEMMS = frozenset(f"gemm_random_{dtype}" for dtype in RANDOM_GEMM_DTYPES)
 CHAINS = frozenset({"int_chain_u32", "fma_chain_fp32", "fma_chain_fp64"})
 CONVERSIONS = frozenset({"convert_fp32"})
-COMPUTE = EXACT_GEMMS | RANDOM_GEMMS | CHAINS | CONVERSIONS
+TENSOR_TILES = frozenset(f"mma_{dtype}" for dtype in MMA_DTYPES)
+COMPUTE = EXACT_GEMMS | RANDOM_GEMMS | CHAINS | CONVERSIONS | TENSOR_TILES
 WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS = (
     "hbm_walking_ones_u64",
     "hbm_own_address_u64",
@@ -59,7 +64,7 @@ MEANT_TO_CATCH: Mapping[str, frozenset[str]] = {
     "intermittent": COMPUTE,  # on a hot GPU, where the fault fires on every call
     "lsb": COMPUTE,
     # Negative integers have the trigger's top bits.
-    "data": EXACT_GEMMS | RANDOM_GEMMS | {"int_chain_u32"} | CONVERSIONS,
+    "data": EXACT_GEMMS | RANDOM_GEMMS | {"int_chain_u32"} | CONVERSIONS | TENSOR_TILES,
     "stuck_bit": frozenset({WALKING_ONES, OWN_ADDRESS, MOVING_INVERSIONS}),
     "address_alias": frozenset({OWN_ADDRESS}),
 }

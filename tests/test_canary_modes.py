@@ -66,8 +66,8 @@ def test_nvml_modes_are_read_as_the_driver_reports_them(fake: FakeNvml) -> None:
         compute_mode=3, mig_mode=1, mps_pids=(4242,), memory_total=80 * GIB, memory_used=70 * GIB
     )
     fake.modes[2] = DeviceModes(mig_mode=None)  # a GPU without MIG: NotSupported
-    assert read_modes(0) == GpuModes("default", False, 0, 79 * GIB)
-    assert read_modes(1) == GpuModes("exclusive_process", True, 1, 10 * GIB)
+    assert read_modes(0) == GpuModes("default", False, 0, 79 * GIB, (9, 0))
+    assert read_modes(1) == GpuModes("exclusive_process", True, 1, 10 * GIB, (9, 0))
     assert read_modes(2).mig is False
 
 

@@ -142,6 +142,8 @@ class CanaryAgent:
         self._modes = modes
         self._kernel_cache = kernel_cache
         self._unchecked: dict[int, tuple[str, float]] = {}
+        # GPU index -> its compute capability, as last read with its modes.
+        self._capabilities: dict[int, tuple[int, int]] = {}
         self._log: MismatchLog | None = None
         self._executor = executor or ThreadPoolExecutor(
             MAX_CONCURRENT_BURSTS, thread_name_prefix="canary"
@@ -304,6 +306,8 @@ class CanaryAgent:
         except pynvml.NVMLError as error:
             log.warning("cannot read the modes of GPU %d: %s", gpu, error)
             modes = None
+        if modes is not None and modes.compute_capability is not None:
+            self._capabilities[gpu] = modes.compute_capability
         reason = skip_reason(modes, idle, self._config)
         if reason is None:
             self._unchecked.pop(gpu, None)
@@ -362,7 +366,8 @@ class CanaryAgent:
         # same on every GPU (and node) in it, so their digests can agree.
         config = self._config
         slot_seed = config.seed + int(now // config.interval) % config.seed_rotation
-        return default_suite(self._gpu_backend, seed, slot_seed, config.hbm_bytes)
+        capability = self._capabilities.get(int(key.split(":")[1]))
+        return default_suite(self._gpu_backend, seed, slot_seed, config.hbm_bytes, capability)
 
     def _request(self, target: str, specs: tuple[CanarySpec, ...]) -> BurstRequest:
         config = self._config

@@ -19,6 +19,7 @@ from gpuwatchd.canary.chains import FmaChainInputs, IntChainInputs
 from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion
+from gpuwatchd.canary.mma import MmaInputs
 from gpuwatchd.canary.spec import BackendKind
 
 
@@ -87,6 +88,10 @@ class Backend(Protocol):
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         """The conversions of convert.py, a thread per input pair."""
+        ...
+
+    def mma(self, inputs: MmaInputs) -> ThreadRun:
+        """The tile products of mma.py, a warp per output tile."""
         ...
 
     def memory(self, words: int) -> MemoryRegion: ...

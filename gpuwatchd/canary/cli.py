@@ -33,7 +33,7 @@ import click
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, sdc_faults
-from gpuwatchd.canary.modes import nvml_gpus
+from gpuwatchd.canary.modes import compute_capability, nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
@@ -120,9 +120,15 @@ def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:
 
 def _node_plan(gpu: str, backend: str, config: CanaryConfig) -> Plan:
     uuids = _cuda_gpus(backend, gpu)
-    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
     requests = [
-        BurstRequest("cuda", suite, gpu=index, uuid=uuids[index])
+        BurstRequest(
+            "cuda",
+            default_suite(
+                "cuda", config.seed, config.seed, config.hbm_bytes, compute_capability(index)
+            ),
+            gpu=index,
+            uuid=uuids[index],
+        )
         for index in _gpu_choice(gpu, sorted(uuids))
     ]
     if gpu == "all":

@@ -29,6 +29,7 @@ from gpuwatchd.canary.compare import as_bits
 from gpuwatchd.canary.convert import ConvertInputs, convert
 from gpuwatchd.canary.formats import NumberFormat, quantize
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
+from gpuwatchd.canary.mma import MmaInputs, mma
 
 
 def cpu_model() -> str:
@@ -102,6 +103,9 @@ class CpuBackend:
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         return ThreadRun(values=convert(inputs), units=self._units(inputs.single.size))
+
+    def mma(self, inputs: MmaInputs) -> ThreadRun:
+        return ThreadRun(values=mma(inputs), units=self._units(inputs.threads))
 
     def memory(self, words: int) -> MemoryRegion:
         return ArrayRegion(np, words, np.asarray)

@@ -12,8 +12,9 @@ worker's environment (CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE) is
 pinned by the runner. The GPU's UUID is NVML's (the runner's): CuPy 13's
 `uuid` property stops at the first NUL byte of the UUID. The chains are
 RawKernels from chains.CUDA_SOURCE that record each thread's %smid at its
-start and end, and so does the conversion kernel of convert.py; the HBM
-test is memory.ArrayRegion over CuPy.
+start and end, and so do the conversion kernel of convert.py and the
+tensor-core tile kernels of mma.py (each compiled on its first use); the
+HBM test is memory.ArrayRegion over CuPy.
 Only reads the GPU's state and runs work on it: it changes no setting.
 """
 
@@ -37,6 +38,8 @@ from gpuwatchd.canary.convert import CUDA_SOURCE as CONVERT_SOURCE
 from gpuwatchd.canary.convert import WORDS_PER_THREAD, ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat, bf16_bits
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
+from gpuwatchd.canary.mma import C_WORDS, MmaInputs
+from gpuwatchd.canary.mma import cuda_source as mma_source
 
 # cuBLAS and CUDA enum values (cublas_api.h, library_types.h); CuPy's own
 # names for them have moved between releases.
@@ -109,6 +112,8 @@ class CudaBackend:
         )
         self._module = cupy.RawModule(code=CUDA_SOURCE)
         self._convert_module = cupy.RawModule(code=CONVERT_SOURCE)
+        # Compiled on first use, each on its own (mma.py).
+        self._mma_modules: dict[str, Any] = {}
 
     @property
     def info(self) -> DeviceInfo:
@@ -217,6 +222,27 @@ class CudaBackend:
         self._launch(kernel, threads, (single, double, np.int32(threads), words, first_sm, last_sm))
         values = cp.asnumpy(words).reshape(threads, WORDS_PER_THREAD)
         return ThreadRun(values=values, units=self._placed(first_sm, last_sm))
+
+    def mma(self, inputs: MmaInputs) -> ThreadRun:
+        cp = self._cp
+        name = inputs.fmt.name
+        if name not in self._mma_modules:
+            self._mma_modules[name] = cp.RawModule(code=mma_source(name))
+        kernel = self._mma_modules[name].get_function(f"mma_{name}")
+        threads = inputs.threads
+        out = cp.empty((threads, C_WORDS), dtype=inputs.fmt.output)
+        first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
+        args = (
+            cp.asarray(inputs.a),
+            cp.asarray(inputs.b),
+            np.int32(inputs.tiles_n),
+            np.int32(inputs.warps),
+            out,
+            first_sm,
+            last_sm,
+        )
+        self._launch(kernel, threads, args)
+        return ThreadRun(values=cp.asnumpy(out), units=self._placed(first_sm, last_sm))
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
         tables = (inputs.start, inputs.multipliers, inputs.addends)

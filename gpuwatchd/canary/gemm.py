@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from gpuwatchd.canary.formats import NumberFormat, quantize
 
-_FORMAT_CODES = {"fp16": 1, "bf16": 2, "tf32": 3, "fp32": 4, "fp64": 5}
+_FORMAT_CODES = {"fp16": 1, "bf16": 2, "tf32": 3, "fp32": 4, "fp64": 5, "fp8_e4m3": 6}
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,6 +33,7 @@ from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion, Pattern
+from gpuwatchd.canary.mma import MmaInputs
 
 FAULTY_LANE = 5
 FAULTY_SM = 3
@@ -113,17 +114,21 @@ class FaultyBackend:
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun:
         self._process_fault()
-        run = self._inner.int_chain(inputs)
-        return ThreadRun(values=self._corrupt(run.values, run.units), units=run.units)
+        return self._corrupt_threads(self._inner.int_chain(inputs))
 
     def fma_chain(self, inputs: FmaChainInputs) -> ThreadRun:
         self._process_fault()
-        run = self._inner.fma_chain(inputs)
-        return ThreadRun(values=self._corrupt(run.values, run.units), units=run.units)
+        return self._corrupt_threads(self._inner.fma_chain(inputs))
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         self._process_fault()
-        run = self._inner.convert(inputs)
+        return self._corrupt_threads(self._inner.convert(inputs))
+
+    def mma(self, inputs: MmaInputs) -> ThreadRun:
+        self._process_fault()
+        return self._corrupt_threads(self._inner.mma(inputs))
+
+    def _corrupt_threads(self, run: ThreadRun) -> ThreadRun:
         return ThreadRun(values=self._corrupt(run.values, run.element_units), units=run.units)
 
     def memory(self, words: int) -> MemoryRegion:

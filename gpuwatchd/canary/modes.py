@@ -62,6 +62,9 @@ class GpuModes:
     mig: bool
     mps_clients: int
     free_bytes: int | None
+    # CUDA compute capability (major, minor): which mma canaries the GPU has
+    # the instructions for; None when NVML cannot say.
+    compute_capability: tuple[int, int] | None = None
 
 
 # NVML index -> the GPU's modes now; raises pynvml.NVMLError when unreadable.
@@ -87,7 +90,29 @@ def read_modes(index: int) -> GpuModes:
             free: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
         except pynvml.NVMLError_NotSupported:
             free = None
-        return GpuModes(mode, mig, mps, free)
+        return GpuModes(mode, mig, mps, free, _capability(handle))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _capability(handle: object) -> tuple[int, int] | None:
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except pynvml.NVMLError:
+        return None
+    return int(major), int(minor)
+
+
+def compute_capability(index: int) -> tuple[int, int] | None:
+    """The GPU's CUDA compute capability through NVML; None when NVML cannot say."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        return _capability(pynvml.nvmlDeviceGetHandleByIndex(index))
+    except pynvml.NVMLError:
+        return None
     finally:
         pynvml.nvmlShutdown()
 

@@ -18,6 +18,7 @@ Kind = Literal[
     "int_chain",
     "fma_chain",
     "convert",
+    "mma",
     "hbm_walking_ones",
     "hbm_own_address",
     "hbm_moving_inversions",
@@ -32,15 +33,25 @@ EXACT_GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
 # never need).
 RANDOM_GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32", "fp64")
 FMA_CHAIN_DTYPES = ("fp32", "fp64")
+# The tensor cores' integer and FP8 datapaths, through mma.sync (mma.py),
+# where the GPU has them: the oldest compute capability whose PTX has each
+# m16n8k32 form (PTX ISA, mma's target notes: .s8 sm_80, .e4m3 sm_89).
+MMA_CAPABILITIES = {"int8": (8, 0), "fp8_e4m3": (8, 9)}
+MMA_DTYPES = tuple(MMA_CAPABILITIES)
+
+
+def mma_supported(dtype: str, capability: tuple[int, int] | None) -> bool:
+    return capability is not None and capability >= MMA_CAPABILITIES[dtype]
+
 
 BackendKind = Literal["cuda", "cpu"]
 
 
 @dataclass(frozen=True)
 class CanarySpec:
-    """One canary: `shape` is (m, k, n) for a GEMM, (m, k, n, repeats) for a
-    burn, (threads, steps) for a chain, (threads,) for the conversions and
-    (words,) for an HBM pattern test."""
+    """One canary: `shape` is (m, k, n) for a GEMM or an mma tile GEMM,
+    (m, k, n, repeats) for a burn, (threads, steps) for a chain, (threads,)
+    for the conversions and (words,) for an HBM pattern test."""
 
     kind: Kind
     dtype: str
@@ -61,6 +72,7 @@ class SuiteSize:
     gemm_random: tuple[int, int, int]
     chain_threads: int
     chain_steps: int
+    mma: tuple[int, int, int]
 
 
 # On a GPU: exact GEMMs of a short k and a wide output, 2048 x 2048 = 256
@@ -69,12 +81,14 @@ class SuiteSize:
 # A most of their significand (a long k forces them down to a few bits to
 # keep the sum exact). Their references are cached per seed. 4096^3
 # full-mantissa GEMMs for a meaningful TFLOP/s; chains of 64k threads of
-# 1024 dependent steps.
+# 1024 dependent steps. The mma canaries: 64 x 128 tiles, a warp each, 1024
+# blocks of 8 warps.
 CUDA_SIZE = SuiteSize(
     gemm_exact=(2048, 16, 2048),
     gemm_random=(4096, 4096, 4096),
     chain_threads=65536,
     chain_steps=1024,
+    mma=(1024, 32, 1024),
 )
 # On the CPU (standing in for a GPU, or checking the host's cores): small
 # enough that a whole burst takes a few hundredths of a second.
@@ -83,18 +97,27 @@ CPU_SIZE = SuiteSize(
     gemm_random=(192, 192, 192),
     chain_threads=4096,
     chain_steps=256,
+    mma=(128, 32, 128),
 )
 # HBM pattern test slice on the CPU backend (the host's RAM, or the stand-in GPU's).
 CPU_HBM_BYTES = 2 * 1024 * 1024
 
 
 def default_suite(
-    backend: BackendKind, seed: int, random_seed: int, hbm_bytes: int
+    backend: BackendKind,
+    seed: int,
+    random_seed: int,
+    hbm_bytes: int,
+    capability: tuple[int, int] | None = None,
 ) -> tuple[CanarySpec, ...]:
     """The whole suite for one GPU. `seed` varies from burst to burst so other
     inputs get exercised over time; `random_seed` stays fixed so that the
     full-mantissa GEMM's result can be compared across GPUs and runs.
-    `hbm_bytes` is an upper bound: the worker shrinks it to the free memory."""
+    `hbm_bytes` is an upper bound: the worker shrinks it to the free memory.
+    `capability` is the GPU's CUDA compute capability: the mma canaries run
+    where it has their instruction (all of them on the CPU, which emulates
+    them; none where it is unknown). They come last: a toolkit that cannot
+    compile one ends the burst with an error after everything else ran."""
     size = CUDA_SIZE if backend == "cuda" else CPU_SIZE
     words = (min(hbm_bytes, CPU_HBM_BYTES) if backend == "cpu" else hbm_bytes) // 8
     chain = (size.chain_threads, size.chain_steps)
@@ -108,6 +131,11 @@ def default_suite(
             for dtype in RANDOM_GEMM_DTYPES
         ),
         *(CanarySpec(kind, "u64", (words,), seed) for kind in HBM_KINDS),
+        *(
+            CanarySpec("mma", dtype, size.mma, seed)
+            for dtype in MMA_DTYPES
+            if backend == "cpu" or mma_supported(dtype, capability)
+        ),
     )
 
 

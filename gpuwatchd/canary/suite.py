@@ -44,6 +44,7 @@ from gpuwatchd.canary.convert import convert_inputs, convert_reference
 from gpuwatchd.canary.formats import FORMATS, NumberFormat
 from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count, random_gemm
 from gpuwatchd.canary.memory import PATTERN_TESTS, WORD_BYTES
+from gpuwatchd.canary.mma import mma_case, mma_reference
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.spec import CanarySpec
 
@@ -354,6 +355,15 @@ def _convert(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidenc
     return _thread_evidence(spec, context, run, lambda: convert_reference(inputs))
 
 
+def _mma(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    case = mma_case(spec.dtype, spec.shape, spec.seed)
+    run = backend.mma(case.inputs)
+    if run.values.dtype.kind == "f":
+        # -0 and +0 are one answer, as for the exact GEMMs.
+        run = dataclasses.replace(run, values=run.values + run.values.dtype.type(0))
+    return _thread_evidence(spec, context, run, lambda: mma_reference(case))
+
+
 def _hbm(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     words = spec.shape[0]
     free = backend.free_memory_bytes()
@@ -372,6 +382,7 @@ _RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = 
         "int_chain": _int_chain,
         "fma_chain": _fma_chain,
         "convert": _convert,
+        "mma": _mma,
         **{kind: _hbm for kind in PATTERN_TESTS},
     }
 )

@@ -594,6 +594,7 @@ class FakeNvml:
                     ("nvmlDeviceGetSupportedEventTypes", (_P,), self._supported_events),
                     ("nvmlDeviceRegisterEvents", (_ULL, _P), self._register_events),
                     ("nvmlDeviceGetComputeMode", (_P,), self._compute_mode),
+                    ("nvmlDeviceGetCudaComputeCapability", (_P, _P), self._cuda_capability),
                     ("nvmlDeviceGetMigMode", (_P, _P), self._mig_mode),
                     ("nvmlDeviceGetVbiosVersion", (_P, _U), self._vbios_version),
                     ("nvmlDeviceGetEccMode", (_P, _P), self._ecc_mode),
@@ -845,6 +846,12 @@ class FakeNvml:
 
     def _compute_mode(self, gpu: int, value: int | None) -> int:
         return _put(ctypes.c_uint, value, self._modes(gpu).compute_mode)
+
+    # nvml.h: nvmlDeviceGetCudaComputeCapability(device, int *major, int *minor).
+    def _cuda_capability(self, gpu: int, major: int | None, minor: int | None) -> int:
+        capability = self._gpu(gpu).spec.compute_capability
+        _put(ctypes.c_int, major, capability[0])
+        return _put(ctypes.c_int, minor, capability[1])
 
     def _mig_mode(self, gpu: int, current: int | None, pending: int | None) -> int:
         mode = self._modes(gpu).mig_mode

@@ -38,6 +38,10 @@ from gpuwatchd.model import (
 from gpuwatchd.sim.scenario import Fault, Scenario
 
 ARCHITECTURES = ("volta", "ampere", "hopper", "blackwell")
+# The CUDA compute capability of each generation's data-centre GPU (V100,
+# A100, H100/H200, B200), as NVIDIA's "CUDA GPU Compute Capability" table and
+# nvmlDeviceGetCudaComputeCapability give it.
+COMPUTE_CAPABILITIES = {"volta": (7, 0), "ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
 
 # The XIDs real drivers log for the scenario's memory and bus faults (NVIDIA's
 # XID catalogue): 48 double-bit ECC error, 63 row-remap (or page-retirement)
@@ -147,6 +151,10 @@ class GpuSpec:
     @property
     def memory_reserved_bytes(self) -> int:
         return self.memory_reserved_mib * _MIB
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        return COMPUTE_CAPABILITIES[self.architecture]
 
     def at_least(self, architecture: str) -> bool:
         return ARCHITECTURES.index(self.architecture) >= ARCHITECTURES.index(architecture)

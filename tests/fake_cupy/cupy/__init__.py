@@ -46,6 +46,7 @@ def asnumpy(array: Any) -> np.ndarray:
 _KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 _POINTEE = {
     "unsigned int": np.uint32,
+    "int": np.int32,
     "float": np.float32,
     "double": np.float64,
 }

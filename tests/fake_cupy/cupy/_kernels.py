@@ -1,6 +1,10 @@
 """What the kernels of gpuwatchd.canary.chains.CUDA_SOURCE compute, run on
 the host: the same recurrences and conversions as the CPU backend, with
-`%smid` the block's SM in a round-robin placement."""
+`%smid` the block's SM in a round-robin placement; and the mma.py kernels,
+whose `mma.sync.aligned.m16n8k32` is emulated here from the PTX ISA's own
+fragment tables (9.7.14.5, "Matrix Fragments for mma.m16n8k32", 8-bit
+.s8/.e4m3 operands, .s32/.f32 accumulators), written out independently of
+gpuwatchd's packing so that each checks the other's reading of them."""
 
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ from gpuwatchd.canary.convert import WORDS_PER_THREAD, ConvertInputs, convert
 
 
 def launch(name: str, launched: int, block: int, args: tuple[Any, ...]) -> None:
-    if name == "convert":
+    if name.startswith("mma_"):
+        threads = _mma(name.removeprefix("mma_"), args)
+        sm_start, sm_end = args[-2:]
+    elif name == "convert":
         single, wide, threads, out, sm_start, sm_end = args
         threads = int(threads)
         inputs = ConvertInputs(np.asarray(single[:threads]), np.asarray(wide[:threads]))
@@ -45,3 +52,54 @@ def _chain(name: str, start: Any, mul: Any, add: Any, out: Any) -> None:
         fmt = FMA_FORMATS[name.removeprefix("fma_chain_")]
         inputs = FmaChainInputs(fmt, *(np.asarray(t).astype(np.int64) for t in (start, mul, add)))
         out[:threads] = fma_chain(inputs)
+
+
+# The compute capability each instruction needs (PTX ISA, mma's target
+# ISA notes): m16n8k32 .s8 sm_80, .e4m3 sm_89. An older GPU traps.
+MMA_CAPABILITY = {"int8": (8, 0), "fp8_e4m3": (8, 9)}
+
+
+def _e4m3(byte: int) -> float:
+    """OCP FP8 v1.0 E4M3: bias 7, no infinities, S.1111.111 NaN."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exponent, mantissa = (byte >> 3) & 0xF, byte & 0x7
+    if exponent == 0xF and mantissa == 0x7:
+        return float("nan")
+    if exponent == 0:
+        return sign * mantissa / 8 * 2.0**-6
+    return sign * (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+
+
+E4M3 = np.array([_e4m3(byte) for byte in range(256)])
+
+
+def _mma(kind: str, args: tuple[Any, ...]) -> int:
+    a, b, tiles_n, warps, out = args[:5]
+    properties = runtime.getDeviceProperties(0)
+    if (properties["major"], properties["minor"]) < MMA_CAPABILITY[kind]:
+        raise runtime.CUDARuntimeError("cudaErrorIllegalInstruction: an illegal instruction")
+    tiles_n, warps = int(tiles_n), int(warps)
+    a_bytes = np.asarray(a).view(np.uint8).reshape(-1, 32, 16)
+    b_bytes = np.asarray(b).view(np.uint8).reshape(-1, 32, 8)
+    decode = (lambda x: x.view(np.int8).astype(np.float64)) if kind == "int8" else E4M3.__getitem__
+    result = np.asarray(out).reshape(-1, 4)
+    for warp in range(warps):
+        tile_a = np.zeros((16, 32))
+        tile_b = np.zeros((32, 8))
+        for lane in range(32):
+            group, in_group = lane // 4, lane % 4
+            values_a = decode(a_bytes[warp // tiles_n, lane])
+            for i in range(16):
+                row = group if i < 4 or 8 <= i < 12 else group + 8
+                col = in_group * 4 + i % 4 + (16 if i >= 8 else 0)
+                tile_a[row, col] = values_a[i]
+            values_b = decode(b_bytes[warp % tiles_n, lane])
+            for i in range(8):
+                tile_b[in_group * 4 + i % 4 + (16 if i >= 4 else 0), group] = values_b[i]
+        tile_d = tile_a @ tile_b
+        for lane in range(32):
+            group, in_group = lane // 4, lane % 4
+            for i in range(4):
+                row = group if i < 2 else group + 8
+                result[warp * 32 + lane, i] = tile_d[row, in_group * 2 + i % 2]
+    return warps * 32
