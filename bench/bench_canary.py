@@ -34,8 +34,10 @@ from gpuwatchd.canary.chains import (
     int_chain_reference,
 )
 from gpuwatchd.canary.config import CanaryConfig
+from gpuwatchd.canary.convert import convert_inputs, convert_reference
 from gpuwatchd.canary.formats import FORMATS
 from gpuwatchd.canary.gemm import exact_gemm, exact_reference, random_gemm
+from gpuwatchd.canary.mma import mma_case, mma_reference
 from gpuwatchd.canary.runner import BurstRequest, run_burst
 from gpuwatchd.canary.spec import CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.suite import digest
@@ -55,7 +57,8 @@ def timed(run: Callable[[], object], repeat: int) -> list[float]:
 def cuda_host_work() -> None:
     """Host seconds per canary of the CUDA-sized suite (one run each)."""
     config = CanaryConfig()
-    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes)
+    # An H100's compute capability: every canary, the tensor-core tiles too.
+    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes, (9, 0))
     print("CUDA-sized suite, host work per canary (s): inputs, reference cold, output digest")
     totals = [0.0, 0.0, 0.0]
     for spec in suite:
@@ -108,6 +111,22 @@ def host_steps(
             (lambda: fma_chain_inputs(fmt_chain, threads, steps, spec.seed)),
             (lambda: fma_chain_reference(fma)),
             (lambda: digest(values)),
+        )
+    if spec.kind == "convert":
+        converts = convert_inputs(spec.shape[0], spec.seed)
+        words = np.zeros((spec.shape[0], 4), dtype=np.uint32)
+        return (
+            (lambda: convert_inputs(spec.shape[0], spec.seed)),
+            (lambda: convert_reference(converts)),
+            (lambda: digest(words)),
+        )
+    if spec.kind == "mma":
+        case = mma_case(spec.dtype, spec.shape, spec.seed)
+        accumulators = np.zeros((case.inputs.threads, 4), dtype=np.uint32)
+        return (
+            (lambda: mma_case(spec.dtype, spec.shape, spec.seed)),
+            (lambda: mma_reference(case)),
+            (lambda: digest(accumulators)),
         )
     return (lambda: None), None, lambda: None  # HBM: patterns made and checked on the device
 

@@ -24,7 +24,9 @@ Sections, each bounded in time:
      2048 x 16 x 2048, GPU-filling and split-K shapes, and crafted cases (top
      accumulator bits, exact cancellation / sign of zero, one past the bound,
      exponent spread inside one dot product); every full-mantissa GEMM of
-     the suite against its fp64 error bound (gemm_bounded must pass)
+     the suite against its fp64 error bound (gemm_bounded must pass); the
+     INT8/FP8 tensor-core tiles (mma.sync) over 16 seeds, and the bits the
+     FP8 accumulator keeps
   3. which cuBLAS algorithms run (cuBLASLt trace log) and how many SMs the
      chains reach (%smid / %nsmid)
   4. random-GEMM digest stability: in-process repeats, fresh processes,
@@ -73,7 +75,7 @@ def worker_burst(
 ) -> dict:
     """The daemon's worker on GPU 0 with the suite, as the agent starts it."""
     from gpuwatchd.canary.config import CanaryConfig
-    from gpuwatchd.canary.modes import nvml_gpus
+    from gpuwatchd.canary.modes import compute_capability, nvml_gpus
     from gpuwatchd.canary.runner import WORKER_MODULE, BurstRequest, worker_environment
     from gpuwatchd.canary.spec import default_suite
     from gpuwatchd.canary.wire import to_wire
@@ -82,7 +84,7 @@ def worker_burst(
     uuid = dict(nvml_gpus()).get(0)
     request = BurstRequest(
         "cuda",
-        default_suite("cuda", 1, 1, config.hbm_bytes),
+        default_suite("cuda", 1, 1, config.hbm_bytes, compute_capability(0)),
         gpu=0,
         uuid=uuid,
         kernel_cache=kernel_cache,
@@ -332,8 +334,59 @@ def section_exactness() -> None:
                     "delta_in_ulps": (got - 2.0**20 - second * 0.5) / 2.0**-3,
                 }
             )
+    rows.extend(mma_rows(be, (p["major"], p["minor"])))
     REPORT["exactness"] = rows
     REPORT["exactness_mismatching_cases"] = [r for r in rows if r.get("mismatches")]
+
+
+def mma_rows(be: object, capability: tuple[int, int]) -> list[dict]:
+    """The tensor-core tile canaries (mma.py) over 16 seeds, and how many
+    bits the FP8 accumulator keeps: one dot product of 2^h * 2^h + 1 * 1,
+    exact only with 2h + 1 bits (the canary assumes 12)."""
+    from gpuwatchd.canary import mma
+    from gpuwatchd.canary.spec import CUDA_SIZE, MMA_DTYPES, CanarySpec, mma_supported
+    from gpuwatchd.canary.suite import RunContext, run_canary
+
+    rows: list[dict] = []
+    for dtype in MMA_DTYPES:
+        if not mma_supported(dtype, capability):
+            rows.append(
+                {"fmt": dtype, "case": "mma", "skipped": f"compute capability {capability}"}
+            )
+            continue
+        for seed in range(16):
+            r = run_canary(be, CanarySpec("mma", dtype, CUDA_SIZE.mma, seed), RunContext())
+            rows.append(
+                {
+                    "fmt": dtype,
+                    "case": f"mma {CUDA_SIZE.mma} seed {seed}",
+                    "result": r.result,
+                    "mismatches": r.mismatch_count,
+                    "first": (r.first_mismatch_index, r.first_expected_bits, r.first_actual_bits),
+                    "sm_coverage": r.sm_coverage_ratio,
+                    "seconds": r.duration_seconds,
+                }
+            )
+    if mma_supported("fp8_e4m3", capability):
+        for h in range(2, 9):
+            a = np.zeros((16, 32))
+            b = np.zeros((32, 8))
+            a[0, :2], b[:2, 0] = (2.0**h, 1.0), (2.0**h, 1.0)
+            packed = mma.MmaInputs(
+                mma.MMA_FORMATS["fp8_e4m3"],
+                mma.pack_a(np.where(a == 0, 0, mma.e4m3_bits(np.where(a == 0, 1.0, a)))),
+                mma.pack_b(np.where(b == 0, 0, mma.e4m3_bits(np.where(b == 0, 1.0, b)))),
+            )
+            got = float(be.mma(packed).values[0, 0])  # lane 0, c0: row 0, column 0
+            rows.append(
+                {
+                    "fmt": "fp8_e4m3",
+                    "case": f"2^{2 * h} + 1 ({2 * h + 1} bits)",
+                    "got": got,
+                    "exact": 2.0 ** (2 * h) + 1,
+                }
+            )
+    return rows
 
 
 # ---------------------------------------------------------------- 3
