@@ -39,6 +39,8 @@ from gpuwatchd.canary.formats import FORMATS
 from gpuwatchd.canary.gemm import exact_gemm, exact_reference, random_gemm
 from gpuwatchd.canary.mma import mma_case, mma_reference
 from gpuwatchd.canary.runner import BurstRequest, run_burst
+from gpuwatchd.canary.sfu import outside as sfu_outside
+from gpuwatchd.canary.sfu import sfu_inputs, sfu_reference
 from gpuwatchd.canary.spec import CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.suite import digest
 from gpuwatchd.canary.worker import run_in_process
@@ -119,6 +121,14 @@ def host_steps(
             (lambda: convert_inputs(spec.shape[0], spec.seed)),
             (lambda: convert_reference(converts)),
             (lambda: digest(words)),
+        )
+    if spec.kind == "sfu":
+        triples = sfu_inputs(spec.shape[0], spec.seed)
+        results = np.zeros((spec.shape[0], 6), dtype=np.float32)
+        return (
+            (lambda: sfu_inputs(spec.shape[0], spec.seed)),
+            (lambda: sfu_outside(results, sfu_reference(triples), triples)),
+            (lambda: digest(results)),
         )
     if spec.kind == "mma":
         case = mma_case(spec.dtype, spec.shape, spec.seed)

@@ -26,7 +26,8 @@ Sections, each bounded in time:
      exponent spread inside one dot product); every full-mantissa GEMM of
      the suite against its fp64 error bound (gemm_bounded must pass); the
      INT8/FP8 tensor-core tiles (mma.sync) over 16 seeds, and the bits the
-     FP8 accumulator keeps
+     FP8 accumulator keeps; the SFU transcendentals and their worst error
+     against the CUDA guide's bounds
   3. which cuBLAS algorithms run (cuBLASLt trace log) and how many SMs the
      chains reach (%smid / %nsmid)
   4. random-GEMM digest stability: in-process repeats, fresh processes,
@@ -335,8 +336,37 @@ def section_exactness() -> None:
                 }
             )
     rows.extend(mma_rows(be, (p["major"], p["minor"])))
+    rows.extend(sfu_rows(be))
     REPORT["exactness"] = rows
     REPORT["exactness_mismatching_cases"] = [r for r in rows if r.get("mismatches")]
+
+
+def sfu_rows(be: object) -> list[dict]:
+    """The transcendentals canary over 4 seeds of 2^20 threads, and each
+    function's worst error as a share of its documented bound (the canary
+    fails a result at sfu.MARGIN): how much headroom the margin leaves."""
+    from gpuwatchd.canary import sfu
+    from gpuwatchd.canary.spec import CanarySpec
+    from gpuwatchd.canary.suite import RunContext, run_canary
+
+    rows: list[dict] = []
+    for seed in range(4):
+        r = run_canary(be, CanarySpec("sfu", "fp32", (1 << 20,), seed), RunContext())
+        inputs = sfu.sfu_inputs(1 << 20, seed)
+        exact = sfu.sfu_reference(inputs)
+        worst = np.abs(be.sfu(inputs).values - exact) / (sfu.tolerance(inputs, exact) / sfu.MARGIN)
+        rows.append(
+            {
+                "fmt": "sfu_fp32",
+                "case": f"2^20 threads seed {seed}",
+                "result": r.result,
+                "mismatches": r.mismatch_count,
+                "worst_error_over_documented_bound": dict(
+                    zip(sfu.FUNCTIONS, np.nanmax(worst, axis=0).round(3).tolist(), strict=True)
+                ),
+            }
+        )
+    return rows
 
 
 def mma_rows(be: object, capability: tuple[int, int]) -> list[dict]:

@@ -30,7 +30,7 @@ def run(*args: str) -> tuple[int, str]:
 def test_a_healthy_simulated_node_passes(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, gpus=2))
     assert code == 0, output
-    assert output.splitlines()[-1] == "all 38 canaries passed"
+    assert output.splitlines()[-1] == "all 40 canaries passed"
     assert "gpu 1  gemm_exact_fp16" in output
 
 
@@ -71,7 +71,7 @@ def test_a_mismatch_outranks_an_error(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, faults))
     assert code == 1
     # GPU 1's burst mismatched, GPU 0's stopped at its first canary's error.
-    assert output.splitlines()[-1] == "of 39 canaries, 11 mismatched, 1 could not run"
+    assert output.splitlines()[-1] == "of 41 canaries, 12 mismatched, 1 could not run"
 
 
 def test_what_cannot_run_exits_2(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ SMALL_SUITE = (
     CanarySpec("int_chain", "u32", (1024, 64), 2),
     *(CanarySpec("fma_chain", dtype, (1024, 64), 2) for dtype in FMA_CHAIN_DTYPES),
     CanarySpec("convert", "fp32", (1024,), 2),
+    CanarySpec("sfu", "fp32", (1024,), 2),
     *(CanarySpec("mma", dtype, (64, 32, 64), 2) for dtype in MMA_DTYPES),
     *(CanarySpec("gemm_random", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),
     *(CanarySpec("gemm_bounded", dtype, (96, 96, 96), 1) for dtype in RANDOM_GEMM_DTYPES),

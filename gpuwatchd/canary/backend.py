@@ -20,6 +20,7 @@ from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion
 from gpuwatchd.canary.mma import MmaInputs
+from gpuwatchd.canary.sfu import SfuInputs
 from gpuwatchd.canary.spec import BackendKind
 
 
@@ -88,6 +89,10 @@ class Backend(Protocol):
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         """The conversions of convert.py, a thread per input pair."""
+        ...
+
+    def sfu(self, inputs: SfuInputs) -> ThreadRun:
+        """The transcendentals of sfu.py, a thread per input triple."""
         ...
 
     def mma(self, inputs: MmaInputs) -> ThreadRun:

@@ -30,6 +30,7 @@ from gpuwatchd.canary.convert import ConvertInputs, convert
 from gpuwatchd.canary.formats import NumberFormat, quantize
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
 from gpuwatchd.canary.mma import MmaInputs, mma
+from gpuwatchd.canary.sfu import SfuInputs, sfu
 
 
 def cpu_model() -> str:
@@ -103,6 +104,9 @@ class CpuBackend:
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         return ThreadRun(values=convert(inputs), units=self._units(inputs.single.size))
+
+    def sfu(self, inputs: SfuInputs) -> ThreadRun:
+        return ThreadRun(values=sfu(inputs), units=self._units(inputs.angle.size))
 
     def mma(self, inputs: MmaInputs) -> ThreadRun:
         return ThreadRun(values=mma(inputs), units=self._units(inputs.threads))

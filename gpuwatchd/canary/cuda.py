@@ -12,9 +12,9 @@ worker's environment (CUBLAS_WORKSPACE_CONFIG, NVIDIA_TF32_OVERRIDE) is
 pinned by the runner. The GPU's UUID is NVML's (the runner's): CuPy 13's
 `uuid` property stops at the first NUL byte of the UUID. The chains are
 RawKernels from chains.CUDA_SOURCE that record each thread's %smid at its
-start and end, and so do the conversion kernel of convert.py and the
-tensor-core tile kernels of mma.py (each compiled on its first use); the
-HBM test is memory.ArrayRegion over CuPy.
+start and end, and so do the conversion kernel of convert.py, the
+transcendentals of sfu.py and the tensor-core tile kernels of mma.py (each
+compiled on its first use); the HBM test is memory.ArrayRegion over CuPy.
 Only reads the GPU's state and runs work on it: it changes no setting.
 """
 
@@ -40,6 +40,9 @@ from gpuwatchd.canary.formats import NumberFormat, bf16_bits
 from gpuwatchd.canary.memory import ArrayRegion, MemoryRegion
 from gpuwatchd.canary.mma import C_WORDS, MmaInputs
 from gpuwatchd.canary.mma import cuda_source as mma_source
+from gpuwatchd.canary.sfu import CUDA_SOURCE as SFU_SOURCE
+from gpuwatchd.canary.sfu import FUNCTIONS as SFU_FUNCTIONS
+from gpuwatchd.canary.sfu import SfuInputs
 
 # cuBLAS and CUDA enum values (cublas_api.h, library_types.h); CuPy's own
 # names for them have moved between releases.
@@ -112,6 +115,7 @@ class CudaBackend:
         )
         self._module = cupy.RawModule(code=CUDA_SOURCE)
         self._convert_module = cupy.RawModule(code=CONVERT_SOURCE)
+        self._sfu_module = cupy.RawModule(code=SFU_SOURCE)
         # Compiled on first use, each on its own (mma.py).
         self._mma_modules: dict[str, Any] = {}
 
@@ -222,6 +226,16 @@ class CudaBackend:
         self._launch(kernel, threads, (single, double, np.int32(threads), words, first_sm, last_sm))
         values = cp.asnumpy(words).reshape(threads, WORDS_PER_THREAD)
         return ThreadRun(values=values, units=self._placed(first_sm, last_sm))
+
+    def sfu(self, inputs: SfuInputs) -> ThreadRun:
+        cp = self._cp
+        threads = inputs.angle.size
+        out = cp.empty((threads, len(SFU_FUNCTIONS)), dtype=cp.float32)
+        first_sm, last_sm = cp.empty(threads, dtype=cp.uint32), cp.empty(threads, dtype=cp.uint32)
+        tables = (cp.asarray(t) for t in (inputs.angle, inputs.scale, inputs.power))
+        kernel = self._sfu_module.get_function("sfu")
+        self._launch(kernel, threads, (*tables, np.int32(threads), out, first_sm, last_sm))
+        return ThreadRun(values=cp.asnumpy(out), units=self._placed(first_sm, last_sm))
 
     def mma(self, inputs: MmaInputs) -> ThreadRun:
         cp = self._cp

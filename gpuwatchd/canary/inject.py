@@ -34,6 +34,7 @@ from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.formats import NumberFormat
 from gpuwatchd.canary.memory import MemoryRegion, Pattern
 from gpuwatchd.canary.mma import MmaInputs
+from gpuwatchd.canary.sfu import SfuInputs
 
 FAULTY_LANE = 5
 FAULTY_SM = 3
@@ -123,6 +124,10 @@ class FaultyBackend:
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         self._process_fault()
         return self._corrupt_threads(self._inner.convert(inputs))
+
+    def sfu(self, inputs: SfuInputs) -> ThreadRun:
+        self._process_fault()
+        return self._corrupt_threads(self._inner.sfu(inputs))
 
     def mma(self, inputs: MmaInputs) -> ThreadRun:
         self._process_fault()

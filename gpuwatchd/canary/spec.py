@@ -18,6 +18,7 @@ Kind = Literal[
     "int_chain",
     "fma_chain",
     "convert",
+    "sfu",
     "mma",
     "hbm_walking_ones",
     "hbm_own_address",
@@ -51,7 +52,8 @@ BackendKind = Literal["cuda", "cpu"]
 class CanarySpec:
     """One canary: `shape` is (m, k, n) for a GEMM or an mma tile GEMM,
     (m, k, n, repeats) for a burn, (threads, steps) for a chain, (threads,)
-    for the conversions and (words,) for an HBM pattern test."""
+    for the conversions and the transcendentals, and (words,) for an HBM
+    pattern test."""
 
     kind: Kind
     dtype: str
@@ -126,6 +128,7 @@ def default_suite(
         CanarySpec("int_chain", "u32", chain, seed),
         *(CanarySpec("fma_chain", dtype, chain, seed) for dtype in FMA_CHAIN_DTYPES),
         CanarySpec("convert", "fp32", (size.chain_threads,), seed),
+        CanarySpec("sfu", "fp32", (size.chain_threads,), seed),
         *(
             CanarySpec("gemm_random", dtype, size.gemm_random, random_seed)
             for dtype in RANDOM_GEMM_DTYPES

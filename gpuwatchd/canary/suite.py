@@ -46,6 +46,8 @@ from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count, rando
 from gpuwatchd.canary.memory import PATTERN_TESTS, WORD_BYTES
 from gpuwatchd.canary.mma import mma_case, mma_reference
 from gpuwatchd.canary.result import CanaryResult
+from gpuwatchd.canary.sfu import outside as sfu_outside
+from gpuwatchd.canary.sfu import sfu_inputs, sfu_reference
 from gpuwatchd.canary.spec import CanarySpec
 
 log = logging.getLogger(__name__)
@@ -316,7 +318,12 @@ def _tflops(shape: tuple[int, ...], seconds: float) -> float | None:
 def _thread_evidence(
     spec: CanarySpec, context: RunContext, run: ThreadRun, reference: Callable[[], NDArray[Any]]
 ) -> Evidence:
-    known = _known_answer(context, spec, run.values, reference)
+    return _located(spec, run, _known_answer(context, spec, run.values, reference))
+
+
+def _located(spec: CanarySpec, run: ThreadRun, known: KnownAnswer) -> Evidence:
+    """The evidence of a per-thread canary: the SMs (cores) and lanes of
+    the threads that went wrong, and how many SMs ran a whole thread."""
     comparison, expected = known.comparison, known.expected
     placed = np.asarray(run.units)
     covered = int(np.unique(placed[placed >= 0]).size)
@@ -355,6 +362,24 @@ def _convert(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidenc
     return _thread_evidence(spec, context, run, lambda: convert_reference(inputs))
 
 
+def _sfu(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+    """The transcendentals, each against its documented error bound around
+    an exact value (sfu.py); a result outside it only once a second host
+    core computed the same exact values."""
+    inputs = sfu_inputs(spec.shape[0], spec.seed)
+    run = backend.sfu(inputs)
+    first, second = _reference_cores(context)
+    exact = _on_core(first, lambda: sfu_reference(inputs))
+    bad = sfu_outside(run.values, exact, inputs)
+    if not bad.any():
+        return _located(spec, run, KnownAnswer(Comparison(width=32), None))
+    if not np.array_equal(_on_core(second, lambda: sfu_reference(inputs)), exact):
+        raise _host_fault(spec, (first, second))
+    expected = np.where(bad, exact.astype(np.float32), run.values)
+    note = f"outside the documented error bound; reference checked on cores {first}, {second}"
+    return _located(spec, run, KnownAnswer(compare_values(run.values, expected), expected, note))
+
+
 def _mma(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     case = mma_case(spec.dtype, spec.shape, spec.seed)
     run = backend.mma(case.inputs)
@@ -382,6 +407,7 @@ _RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = 
         "int_chain": _int_chain,
         "fma_chain": _fma_chain,
         "convert": _convert,
+        "sfu": _sfu,
         "mma": _mma,
         **{kind: _hbm for kind in PATTERN_TESTS},
     }

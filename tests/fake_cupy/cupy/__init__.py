@@ -13,6 +13,7 @@ from cupy._memory import DeviceArray, register
 
 __version__ = "13.6.0"
 int32 = np.int32
+float32 = np.float32
 uint32 = np.uint32
 uint64 = np.uint64
 flatnonzero = np.flatnonzero

@@ -21,12 +21,18 @@ from gpuwatchd.canary.chains import (
     int_chain,
 )
 from gpuwatchd.canary.convert import WORDS_PER_THREAD, ConvertInputs, convert
+from gpuwatchd.canary.sfu import SfuInputs, sfu
 
 
 def launch(name: str, launched: int, block: int, args: tuple[Any, ...]) -> None:
     if name.startswith("mma_"):
         threads = _mma(name.removeprefix("mma_"), args)
         sm_start, sm_end = args[-2:]
+    elif name == "sfu":
+        angle, scale, power, threads, out, sm_start, sm_end = args
+        threads = int(threads)
+        inputs = SfuInputs(*(np.asarray(t[:threads]) for t in (angle, scale, power)))
+        out[:threads] = sfu(inputs)
     elif name == "convert":
         single, wide, threads, out, sm_start, sm_end = args
         threads = int(threads)
