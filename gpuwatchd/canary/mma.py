@@ -285,14 +285,15 @@ extern "C" __global__ void mma_{name}(
     const unsigned int* a, const unsigned int* b, int tiles_n, int warps,
     {out_type}* out, unsigned int* sm_start, unsigned int* sm_end) {{
   int thread = blockIdx.x * blockDim.x + threadIdx.x;
-  int warp = thread >> 5, lane = thread & 31;
+  int warp = thread >> 5;
   // Whole warps leave together: mma.sync needs every lane of its warp.
   if (warp >= warps) return;
   sm_start[thread] = smid();
-  const unsigned int* fa = a + ((warp / tiles_n) * 32 + lane) * 4;
-  const unsigned int* fb = b + ((warp % tiles_n) * 32 + lane) * 2;
   {out_type} d0, d1, d2, d3, zero = 0;
 #if __CUDA_ARCH__ >= {arch}
+  int lane = thread & 31;
+  const unsigned int* fa = a + ((warp / tiles_n) * 32 + lane) * 4;
+  const unsigned int* fb = b + ((warp % tiles_n) * 32 + lane) * 2;
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.{ptx_types} "
       "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%10, %11, %12, %13}};"
