@@ -23,6 +23,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -45,6 +46,8 @@ from gpuwatchd.canary.spec import CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.suite import digest
 from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import SystemClock
+
+T = TypeVar("T")
 
 
 def timed(run: Callable[[], object], repeat: int) -> list[float]:
@@ -81,62 +84,64 @@ def _time(step: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def host_steps(
-    spec: CanarySpec,
-) -> tuple[Callable[[], object], Callable[[], object] | None, Callable[[], object]]:
+Steps = tuple[Callable[[], object], Callable[[], object] | None, Callable[[], object]]
+
+
+def _known_answer(make: Callable[[], T], reference: Callable[[T], object], output: object) -> Steps:
+    """Making the inputs, computing their reference, hashing an output of
+    the output's size."""
+    made = make()
+    return make, (lambda: reference(made)), (lambda: digest(np.asarray(output)))
+
+
+def host_steps(spec: CanarySpec) -> Steps:
     """(inputs, reference or None, digest of an output) of one canary."""
+    threads = spec.shape[0]
     if spec.kind in ("gemm_exact", "gemm_random"):
         fmt = FORMATS[spec.dtype]
         m, k, n = spec.shape
         size = np.zeros((m, n), dtype=fmt.output_dtype)
         if spec.kind == "gemm_random":
             return (lambda: random_gemm(fmt, (m, k, n), spec.seed)), None, lambda: digest(size)
-        inputs = exact_gemm(fmt, (m, k, n), spec.seed)
-        return (
-            (lambda: exact_gemm(fmt, (m, k, n), spec.seed)),
-            (lambda: exact_reference(fmt, inputs)),
-            (lambda: digest(size)),
+        return _known_answer(
+            lambda: exact_gemm(fmt, (m, k, n), spec.seed),
+            lambda inputs: exact_reference(fmt, inputs),
+            size,
         )
-    if spec.kind in ("int_chain", "fma_chain"):
-        threads, steps = spec.shape
-        values = np.zeros(threads, dtype=np.float64)
-        if spec.kind == "int_chain":
-            chain = int_chain_inputs(threads, steps, spec.seed)
-            return (
-                (lambda: int_chain_inputs(threads, steps, spec.seed)),
-                (lambda: int_chain_reference(chain)),
-                (lambda: digest(values)),
-            )
-        fmt_chain = FMA_FORMATS[spec.dtype]
-        fma = fma_chain_inputs(fmt_chain, threads, steps, spec.seed)
-        return (
-            (lambda: fma_chain_inputs(fmt_chain, threads, steps, spec.seed)),
-            (lambda: fma_chain_reference(fma)),
-            (lambda: digest(values)),
+    if spec.kind == "int_chain":
+        steps = spec.shape[1]
+        return _known_answer(
+            lambda: int_chain_inputs(threads, steps, spec.seed),
+            int_chain_reference,
+            np.zeros(threads, dtype=np.uint32),
+        )
+    if spec.kind == "fma_chain":
+        fmt_chain, steps = FMA_FORMATS[spec.dtype], spec.shape[1]
+        return _known_answer(
+            lambda: fma_chain_inputs(fmt_chain, threads, steps, spec.seed),
+            fma_chain_reference,
+            np.zeros(threads, dtype=np.float64),
         )
     if spec.kind == "convert":
-        converts = convert_inputs(spec.shape[0], spec.seed)
-        words = np.zeros((spec.shape[0], 4), dtype=np.uint32)
-        return (
-            (lambda: convert_inputs(spec.shape[0], spec.seed)),
-            (lambda: convert_reference(converts)),
-            (lambda: digest(words)),
+        return _known_answer(
+            lambda: convert_inputs(threads, spec.seed),
+            convert_reference,
+            np.zeros((threads, 4), dtype=np.uint32),
         )
     if spec.kind == "sfu":
-        triples = sfu_inputs(spec.shape[0], spec.seed)
-        results = np.zeros((spec.shape[0], 6), dtype=np.float32)
-        return (
-            (lambda: sfu_inputs(spec.shape[0], spec.seed)),
-            (lambda: sfu_outside(results, sfu_reference(triples), triples)),
-            (lambda: digest(results)),
+        results = np.zeros((threads, 6), dtype=np.float32)
+        # Judged against bounds: the exact values are computed every burst.
+        return _known_answer(
+            lambda: sfu_inputs(threads, spec.seed),
+            lambda inputs: sfu_outside(results, sfu_reference(inputs), inputs),
+            results,
         )
     if spec.kind == "mma":
         case = mma_case(spec.dtype, spec.shape, spec.seed)
-        accumulators = np.zeros((case.inputs.threads, 4), dtype=np.uint32)
-        return (
-            (lambda: mma_case(spec.dtype, spec.shape, spec.seed)),
-            (lambda: mma_reference(case)),
-            (lambda: digest(accumulators)),
+        return _known_answer(
+            lambda: mma_case(spec.dtype, spec.shape, spec.seed),
+            mma_reference,
+            np.zeros((case.inputs.threads, 4), dtype=np.uint32),
         )
     return (lambda: None), None, lambda: None  # HBM: patterns made and checked on the device
 
