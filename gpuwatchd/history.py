@@ -452,9 +452,9 @@ class History:
     def pcie_addresses(self) -> list[str]:
         return sorted(self._functions)
 
-    def pcie_function(self, address: str) -> Sequence[tuple[float, PcieFunctionSample]]:
-        track = self._functions.get(address)
-        return track.items() if track is not None else ()
+    def pcie_track(self, address: str) -> Track[PcieFunctionSample]:
+        """The PCIe function's samples with what checks derive from them."""
+        return self._functions.get(address) or Track(self.max_samples)
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]

@@ -32,13 +32,15 @@ judged on the node, at warning at most.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import NODE, gpu_subject, increase_between, tail_from
+from gpuwatchd.checks.common import NODE, gpu_subject
 from gpuwatchd.checks.pcie import allowed_replays_per_minute
-from gpuwatchd.history import History, series
+from gpuwatchd.counters import Increase
+from gpuwatchd.history import History, Track
 from gpuwatchd.model import Action, Finding, PcieFunctionSample, Severity
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.pcie import canonical_address
@@ -86,11 +88,11 @@ def run(history: History, now: float, config: AerConfig) -> CheckOutput:
     findings: list[Finding] = []
     gpus = _gpu_subjects(history)
     for address in history.pcie_addresses():
-        samples = history.pcie_function(address)
-        latest = samples[-1][1]
+        track = history.pcie_track(address)
+        latest = track.samples[-1]
         subjects = _subjects(latest, history, gpus) or [NODE]
         for subject in subjects:
-            findings.extend(_judged(samples, latest, subject, now, config))
+            findings.extend(_judged(track, latest, subject, now, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -116,14 +118,14 @@ UNCORRECTABLE = {
 
 
 def _judged(
-    samples: Sequence[tuple[float, PcieFunctionSample]],
+    track: Track[PcieFunctionSample],
     latest: PcieFunctionSample,
     subject: str,
     now: float,
     config: AerConfig,
 ) -> Iterator[Finding]:
     for name, grade in UNCORRECTABLE.items():
-        grown = _grown(samples, name, now, config.window)
+        grown = _grown(track, name, now, config.window).increase
         if grown <= 0:
             continue
         yield Finding(
@@ -139,7 +141,7 @@ def _judged(
             action=grade.action,
             evidence={"address": latest.address, f"{name}_errors": int(grown)},
         )
-    storm = _correctable_storm(samples, now, config)
+    storm = _correctable_storm(track, now, config)
     if storm is None:
         return
     per_minute, allowed = storm
@@ -164,15 +166,13 @@ def _judged(
 
 
 def _correctable_storm(
-    samples: Sequence[tuple[float, PcieFunctionSample]], now: float, config: AerConfig
+    track: Track[PcieFunctionSample], now: float, config: AerConfig
 ) -> tuple[float, int] | None:
     """Correctable errors a minute and the link's allowance, when over it."""
-    latest = samples[-1][1]
+    latest = track.samples[-1]
     if not (latest.link_generation and latest.link_width):
         return None
-    start = now - config.correctable_window
-    points = series(tail_from(samples, start), lambda sample: sample.aer_errors.get("correctable"))
-    grown = increase_between(points, start, now)
+    grown = _grown(track, "correctable", now, config.correctable_window)
     allowed = allowed_replays_per_minute(
         latest.link_generation, latest.link_width, config.correctable_bit_error_rate
     )
@@ -181,12 +181,15 @@ def _correctable_storm(
     return grown.rate * 60, allowed
 
 
-def _grown(
-    samples: Sequence[tuple[float, PcieFunctionSample]], severity: str, now: float, seconds: float
-) -> float:
-    start = now - seconds
-    points = series(tail_from(samples, start), lambda sample: sample.aer_errors.get(severity))
-    return increase_between(points, start, now).increase
+def _errors(severity: str, sample: PcieFunctionSample) -> int | None:
+    return sample.aer_errors.get(severity)
+
+
+def _grown(track: Track[PcieFunctionSample], severity: str, now: float, seconds: float) -> Increase:
+    """How much the `severity` count grew over the intervals ending in the
+    last `seconds`: a subtraction of the track's running totals."""
+    column = track.column((NAME, severity), partial(_errors, severity))
+    return column.increase(track.at_or_before(now - seconds), track.upto(now), track.times)
 
 
 def _what(function: PcieFunctionSample) -> str:
