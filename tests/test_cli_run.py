@@ -164,7 +164,9 @@ def _stop(process: subprocess.Popen[str]) -> None:
     assert process.returncode == 0
 
 
-def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() -> None:
+def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are(
+    tmp_path: Path,
+) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     process = _start("--simulate", "--listen", f"127.0.0.1:{port}")
@@ -178,8 +180,23 @@ def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() ->
         assert added.output == "quarantined gpu:3: fans at 100%\n"
         journal = cli.invoke(main, ["journal", "--subject", "gpu:3"])
         assert journal.exit_code == 0 and "quarantine gpu:3 (manual" in journal.output
-        local = cli.invoke(main, ["journal", "--subject", "gpu:3"], env={"GPUWATCHD_NODE": None})
-        assert local.output == journal.output
+        # Without the URL the CLI finds the database held by the daemon, which
+        # does not listen where the config says: one message.
+        elsewhere = _free_port()
+        config = tmp_path / "gpuwatchd.yaml"
+        config.write_text(f"daemon: {{listen: '127.0.0.1:{elsewhere}'}}\n")
+        local = cli.invoke(
+            main,
+            ["journal", "--subject", "gpu:3", "--config", str(config)],
+            env={"GPUWATCHD_NODE": None},
+        )
+        assert local.exit_code == 2
+        assert local.output == (
+            f"Error: the state database {state_dir / 'state.db'} is held by a running "
+            f"gpuwatchd, which does not answer at http://127.0.0.1:{elsewhere}: is it starting, or "
+            "listening elsewhere? (--node URL, or --config with its api.listen or "
+            "daemon.listen)\n"
+        )
         assert (state_dir / "state.db").exists()
     finally:
         _stop(process)

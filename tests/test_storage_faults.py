@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 from actions_support import fake_scontrol
@@ -72,7 +73,7 @@ def test_a_database_removed_under_the_daemon_is_written_anew_from_memory(tmp_pat
         sim.run_until(10)
         sim.daemon.quarantine("gpu:2", "fan noise", "alice")
         for suffix in ("", "-wal", "-shm"):
-            os.unlink(state_dir / f"state.db{suffix}")
+            (state_dir / f"state.db{suffix}").unlink(missing_ok=True)
         sim.daemon.quarantine("gpu:3", "memory test", "bob")
         snapshot = sim.run_until(30)
         assert snapshot.state_persisted
@@ -127,7 +128,7 @@ def test_a_daemon_that_lost_its_state_keeps_its_slurm_drain_of_a_hardware_fault(
         sim.daemon.actions.run_due(sim.clock.now())
     assert scontrol.state["state"] == "IDLE+DRAIN"
     database = tmp_path / "first" / "state" / "state.db"
-    with sqlite3.connect(database) as db:
+    with closing(sqlite3.connect(database)) as db:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     damaged = bytearray(database.read_bytes())
     damaged[4096:] = b"\xff" * (len(damaged) - 4096)
