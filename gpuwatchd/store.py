@@ -955,9 +955,12 @@ class Store:
 def _connect(path: str, exclusive: bool, wait: float) -> sqlite3.Connection:
     # The journal holds operators' names and reasons: not for other users.
     # sqlite gives the -wal and -shm files the database's mode. Where this
-    # fails, sqlite's own open says why.
+    # fails, sqlite's own open says why. Only a new file is opened here:
+    # closing any descriptor of an existing one would drop this process's
+    # POSIX locks on it, a store's exclusive lock among them
+    # (sqlite.org/howtocorrupt.html, 2.2).
     with suppress(OSError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         connection = sqlite3.connect(
             path, timeout=wait, isolation_level=None, check_same_thread=False

@@ -256,6 +256,26 @@ def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # no token file, no database
 
 
+def test_a_second_daemon_on_a_running_daemons_state_directory_is_refused(
+    running_daemon: tuple[str, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state")]
+    listen = ["--listen", f"127.0.0.1:{_free_port()}"]
+    second = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "run", "--simulate", "calm", *listen, *state],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1
+    assert (
+        f"Error: the state database {tmp_path / 'state' / 'state.db'} is held by another "
+        f"process: another gpuwatchd runs with the state directory {tmp_path / 'state'}"
+    ) in second.stderr
+    assert "Traceback" not in second.stderr
+    assert running_daemon[1].poll() is None
+
+
 def test_a_missing_scenario_file_names_the_built_in_scenarios(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main,

@@ -1,15 +1,21 @@
 """The state database failing under the running daemon: read-only (as after
-an errors=remount-ro), removed, damaged at rest. The daemon keeps
-monitoring, says that state is not saved, keeps its decisions with their
-journal rows and webhook events in memory and writes them once it can."""
+an errors=remount-ro), removed, damaged at rest, its -shm file made
+unwritable. The daemon keeps monitoring, says that state is not saved, keeps
+its decisions with their journal rows and webhook events in memory and
+writes them once it can."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from contextlib import closing
 from pathlib import Path
 
+import pytest
 from actions_support import fake_scontrol
 from daemon_support import SimulatedDaemon, simulated_daemon
 
@@ -17,8 +23,9 @@ from gpuwatchd.actions.fleet import FleetSafetyConfig
 from gpuwatchd.actions.slurm import SlurmConfig
 from gpuwatchd.actions.webhook import WebhookConfig
 from gpuwatchd.config import ActionsConfig, Config
+from gpuwatchd.daemon import open_store
 from gpuwatchd.model import Health
-from gpuwatchd.store import Store
+from gpuwatchd.store import Store, StoreError
 
 SCENARIO = (
     "node: {gpus: 4, nvlinks: 4, hcas: 2}\nfaults: [{at: 10s, kind: ecc_uncorrectable, gpu: 1}]\n"
@@ -141,3 +148,103 @@ def test_a_daemon_that_lost_its_state_keeps_its_slurm_drain_of_a_hardware_fault(
     assert [call for call in scontrol.updates() if "State=RESUME" in call] == []
     assert scontrol.state["state"] == "IDLE+DRAIN"
     assert {"state_lost", "slurm_drain_unexplained"} <= codes
+
+
+# Writes a quarantine, says whether a -shm file is mapped, makes the -shm
+# file's pages unbacked as a full tmpfs or `chattr +i` does (review row 186),
+# then writes again. "daemon" opens the database as the daemon does,
+# "shared" as every process did before (and the CLI does when no daemon runs).
+SHM_VICTIM = textwrap.dedent(
+    """
+    import os, sys
+    from gpuwatchd.daemon import open_store
+    from gpuwatchd.store import Store
+    state_dir, mode = sys.argv[1], sys.argv[2]
+    store = open_store(state_dir, 0.0)[0] if mode == "daemon" else Store.open(state_dir)
+    store.quarantine("gpu:1", "before", "alice", 1.0)
+    shm = os.path.join(state_dir, "state.db-shm")
+    with open("/proc/self/maps") as maps:
+        mapped = any(line.rstrip().endswith("state.db-shm") for line in maps)
+    print(f"mapped={mapped} exists={os.path.exists(shm)}", flush=True)
+    with open(shm, "a") as handle:
+        handle.truncate(0)
+    store.quarantine("gpu:2", "after", "alice", 2.0)
+    print("quarantined", *sorted(q.subject for q in store.quarantines()), flush=True)
+    """
+)
+
+
+def _shm_victim(state_dir: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SHM_VICTIM, str(state_dir), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_an_unbacked_shm_page_kills_a_shared_connection_with_sigbus(tmp_path: Path) -> None:
+    # The failure of review row 186, reproduced without root: what the
+    # daemon's exclusive mode avoids.
+    victim = _shm_victim(tmp_path / "state", "shared")
+    assert victim.returncode == -signal.SIGBUS, victim.stderr
+    assert victim.stdout == "mapped=True exists=True\n"
+
+
+def test_the_daemon_maps_no_shm_file_and_lives_through_a_hostile_one(tmp_path: Path) -> None:
+    victim = _shm_victim(tmp_path / "state", "daemon")
+    assert victim.returncode == 0, victim.stderr
+    assert victim.stdout.splitlines() == [
+        "mapped=False exists=False",
+        "quarantined gpu:1 gpu:2",
+    ]
+    with closing(Store.open(str(tmp_path / "state"))) as store:
+        assert [q.subject for q in store.quarantines()] == ["gpu:1", "gpu:2"]
+
+
+def test_a_running_daemon_leaves_no_shm_file_and_ignores_a_stale_one(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    # An older gpuwatchd killed mid-run: its -wal holds a committed
+    # quarantine, and its -shm is left behind.
+    older = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from gpuwatchd.store import Store\n"
+            "Store.open(sys.argv[1]).quarantine('gpu:3', 'before the upgrade', 'bob', 1.0)\n"
+            "print('committed', flush=True)\n"
+            "time.sleep(60)\n",
+            str(state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert older.stdout is not None and older.stdout.readline() == "committed\n"
+    older.kill()
+    older.wait()
+    assert (state_dir / "state.db-shm").exists() and (state_dir / "state.db-wal").exists()
+    stale = (state_dir / "state.db-shm").read_bytes()
+    with simulated_daemon(CALM, tmp_path) as sim:
+        sim.daemon.quarantine("gpu:2", "fan noise", "alice")
+        snapshot = sim.run_until(60)
+        assert snapshot.state_persisted
+        assert {"gpu:2", "gpu:3"} <= {q.subject for q in snapshot.quarantines}
+        with open("/proc/self/maps") as maps:
+            assert not any("state.db-shm" in line for line in maps)
+        assert (state_dir / "state.db-shm").read_bytes() == stale  # never touched
+        (state_dir / "state.db-shm").unlink()
+        sim.daemon.quarantine("gpu:1", "memory test", "alice")
+        assert sim.run_until(90).state_persisted
+        assert not (state_dir / "state.db-shm").exists()
+
+
+def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
+    with simulated_daemon(CALM, tmp_path) as sim:
+        sim.run_until(10)
+        with pytest.raises(StoreError) as refused:
+            open_store(str(tmp_path / "state"), sim.clock.now())
+        assert refused.value.held
+        assert "held by another process" in str(refused.value)
+        # The running daemon is unaffected.
+        assert sim.run_until(20).state_persisted
