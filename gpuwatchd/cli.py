@@ -204,10 +204,10 @@ def run(
     config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
     level = "debug" if verbose else log_level or config.daemon.log_level
     logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
-    # A fatal signal inside C code (SIGBUS in sqlite's mapping of its -shm
-    # file on a full or damaged filesystem, say) cannot be survived, but is
-    # said with the Python stack where the daemon logs, not silently (unless
-    # a host such as pytest has its own handler).
+    # A fatal signal inside C code (SIGBUS in a library's mapping of a file
+    # on a full or damaged filesystem, say; the state database maps none)
+    # cannot be survived, but is said with the Python stack where the daemon
+    # logs, not silently (unless a host such as pytest has its own handler).
     if not faulthandler.is_enabled():
         faulthandler.enable()
     _check_listen_free(config.daemon.listen)

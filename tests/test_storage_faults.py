@@ -7,21 +7,25 @@ writes them once it can."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from actions_support import fake_scontrol
+from actions_support import daemon_process, fake_scontrol, free_port, write_config
+from click.testing import CliRunner
 from daemon_support import SimulatedDaemon, simulated_daemon
 
 from gpuwatchd.actions.fleet import FleetSafetyConfig
 from gpuwatchd.actions.slurm import SlurmConfig
 from gpuwatchd.actions.webhook import WebhookConfig
+from gpuwatchd.cli import main
 from gpuwatchd.config import ActionsConfig, Config
 from gpuwatchd.daemon import open_store
 from gpuwatchd.model import Health
@@ -237,6 +241,41 @@ def test_a_running_daemon_leaves_no_shm_file_and_ignores_a_stale_one(tmp_path: P
         sim.daemon.quarantine("gpu:1", "memory test", "alice")
         assert sim.run_until(90).state_persisted
         assert not (state_dir / "state.db-shm").exists()
+
+
+@contextmanager
+def _immutable(path: Path) -> Iterator[None]:
+    """`path` made immutable with chattr, as in review row 186; the test is
+    skipped where that takes a privilege or a filesystem this run lacks."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("no chattr")
+    made = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i refused here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+def test_an_immutable_shm_file_beside_the_running_daemon_changes_nothing(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    config = write_config(tmp_path / "gpuwatchd.yaml", state_dir, free_port(), {})
+    with daemon_process(config) as daemon:
+        shm = state_dir / "state.db-shm"
+        shm.touch()
+        with _immutable(shm):
+            added = CliRunner().invoke(
+                main, ["quarantine", "add", "node", "--reason", "row 186", "--config", str(config)]
+            )
+            assert added.exit_code == 0, added.output
+            assert "gpuwatchd_state_persisted 1.0" in daemon.metrics()
+        assert daemon.process.poll() is None
+        log = daemon.stop()
+    assert daemon.process.returncode == 0, log
+    with closing(Store.open(str(state_dir))) as store:
+        assert [q.subject for q in store.quarantines()] == ["node"]
 
 
 def test_a_second_daemon_on_the_same_state_directory_is_refused(tmp_path: Path) -> None:
