@@ -529,10 +529,10 @@ class _Window:
     subject: str | None
 
 
-Journal = tuple[tuple[JournalEntry, ...], bool]
+_Journal = tuple[tuple[JournalEntry, ...], bool]
 
 
-def _local_journal(config: Config, directory: str, window: _Window) -> Journal:
+def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
     """The newest entries of the window in the state database of `directory`,
     and whether older ones were left out. A running daemon holds its
     database: then the daemon at the config's address answers instead."""
@@ -563,7 +563,7 @@ def _local_journal(config: Config, directory: str, window: _Window) -> Journal:
         raise click.ClickException(str(error)) from error
 
 
-def _database_journal(directory: str, wait: float, window: _Window) -> Journal:
+def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
     store = Store.open(directory, wait=wait)
     try:
         # One more than asked says whether older entries were left out.
@@ -575,7 +575,7 @@ def _database_journal(directory: str, wait: float, window: _Window) -> Journal:
     return entries[-window.limit :], len(entries) > window.limit
 
 
-def _api_journal(client: DaemonClient, window: _Window) -> Journal:
+def _api_journal(client: DaemonClient, window: _Window) -> _Journal:
     """The API's journal, and whether older entries were left out."""
     # In full (repr): the same window as the database's own query.
     query = {"since": repr(window.since), "limit": str(window.limit)}
