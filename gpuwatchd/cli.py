@@ -56,6 +56,7 @@ from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
 from gpuwatchd.server import (
+    MAX_JOURNAL_ENTRIES,
     StatusServer,
     UnixStatusServer,
     base_url,
@@ -68,7 +69,7 @@ from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
-from gpuwatchd.store import DB_NAME, JournalEntry, Store, StoreError
+from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, StoreError
 from gpuwatchd.units import parse_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
@@ -203,10 +204,10 @@ def run(
     config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
     level = "debug" if verbose else log_level or config.daemon.log_level
     logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
-    # A fatal signal inside C code (SIGBUS in sqlite's mapping of its -shm
-    # file on a full or damaged filesystem, say) cannot be survived, but is
-    # said with the Python stack where the daemon logs, not silently (unless
-    # a host such as pytest has its own handler).
+    # A fatal signal inside C code (SIGBUS in a library's mapping of a file
+    # on a full or damaged filesystem, say; the state database maps none)
+    # cannot be survived, but is said with the Python stack where the daemon
+    # logs, not silently (unless a host such as pytest has its own handler).
     if not faulthandler.is_enabled():
         faulthandler.enable()
     _check_listen_free(config.daemon.listen)
@@ -222,6 +223,12 @@ def run(
             daemon = build_daemon(config, clock, simulate, stack)
         except (SourceUnavailable, ScenarioError) as error:
             raise click.ClickException(str(error)) from error
+        except StoreError as error:  # only when another process holds it
+            raise click.ClickException(
+                f"the state database {error.path} is held by another process: another "
+                f"gpuwatchd runs with the state directory {config.daemon.state_dir} "
+                "(one daemon a state directory; stop it, or give this one --state-dir)"
+            ) from error
         _prepare_token_file(config.token_file)
         # With api.listen the control API listens apart from /metrics.
         apart = config.api.listen is not None
@@ -379,6 +386,21 @@ def _unreachable(client: DaemonClient, error: Exception) -> click.ClickException
     )
 
 
+class _Neither(click.ClickException):
+    """Neither the daemon nor its state database answers: a running daemon
+    holds the database (gpuwatchd.store) but not at the address the CLI asks."""
+
+    exit_code = 2
+
+
+def _held(database: str, client: DaemonClient, why: object = None) -> _Neither:
+    return _Neither(
+        f"the state database {database} is held by a running gpuwatchd, which does not "
+        f"answer at {client.url}{f' ({why})' if why else ''}: is it starting, or listening "
+        "elsewhere? (--node URL, or --config with its api.listen or daemon.listen)"
+    )
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @_node_option("URL of the daemon (default: the local one).")
@@ -446,7 +468,7 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_JOURNAL_ENTRIES),
     default=1000,
     show_default=True,
     help="At most this many entries: the newest of the window (printed oldest first); "
@@ -454,7 +476,10 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 )
 @click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
-@_node_option("Ask the daemon at this URL (default: read the local state database).")
+@_node_option(
+    "Ask the daemon at this URL (default: read the local state database, or ask the "
+    "local daemon, which holds it while it runs)."
+)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
 @_state_dir_option("State directory (default: the config's daemon.state_dir).")
 def journal(
@@ -468,16 +493,18 @@ def journal(
     state_dir: str | None,
 ) -> None:
     """Findings, health changes and decisions, oldest first, from the state
-    database (or from the daemon at --node)."""
+    database, through the local daemon while it runs (or from the daemon at
+    --node)."""
     config = _load(config_path)
+    window = _Window(since, until, limit, subject)
     if node_url is not None:
-        entries, truncated = _remote_journal(
-            _client(config, node_url), since, until, limit, subject
-        )
+        client = _client(config, node_url)
+        try:
+            entries, truncated = _api_journal(client, window)
+        except (DaemonUnreachable, DaemonError) as error:
+            raise _unreachable(client, error) from error
     else:
-        entries, truncated = _local_journal(
-            state_dir or config.daemon.state_dir, since, until, limit, subject
-        )
+        entries, truncated = _local_journal(config, state_dir or config.daemon.state_dir, window)
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
@@ -492,10 +519,23 @@ def journal(
         )
 
 
-def _local_journal(
-    directory: str, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[tuple[JournalEntry, ...], bool]:
-    """The newest `limit` entries of the window, and whether older ones were left out."""
+@dataclass(frozen=True)
+class _Window:
+    """The journal entries asked for: the newest `limit` of the window."""
+
+    since: float
+    until: float | None
+    limit: int
+    subject: str | None
+
+
+_Journal = tuple[tuple[JournalEntry, ...], bool]
+
+
+def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
+    """The newest entries of the window in the state database of `directory`,
+    and whether older ones were left out. A running daemon holds its
+    database: then the daemon at the config's address answers instead."""
     path = os.path.join(directory, DB_NAME)
     if not os.path.exists(path):
         raise click.ClickException(
@@ -503,33 +543,51 @@ def _local_journal(
             f"${STATE_DIR_ENV} as a simulated daemon prints it)"
         )
     try:
-        store = Store.open(directory)
+        # Without waiting: a daemon would hold it until it stops.
+        return _database_journal(directory, 0.0, window)
     except StoreError as error:
+        if not error.held:
+            raise click.ClickException(str(error)) from error
+    client = _client(config, None)
+    try:
+        return _api_journal(client, window)
+    except DaemonDown:
+        pass  # nothing listens there: the lock may be another command's, for a moment
+    except (DaemonUnreachable, DaemonError) as error:
+        raise _held(path, client, error) from error
+    try:
+        return _database_journal(directory, LOCK_WAIT_SECONDS, window)
+    except StoreError as error:
+        if error.held:
+            raise _held(path, client) from error
         raise click.ClickException(str(error)) from error
+
+
+def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
+    store = Store.open(directory, wait=wait)
     try:
         # One more than asked says whether older entries were left out.
-        entries = store.journal(since=since, subject=subject, limit=limit + 1, until=until)
+        entries = store.journal(
+            since=window.since, subject=window.subject, limit=window.limit + 1, until=window.until
+        )
     finally:
         store.close()
-    return entries[-limit:], len(entries) > limit
+    return entries[-window.limit :], len(entries) > window.limit
 
 
-def _remote_journal(
-    client: DaemonClient, since: float, until: float | None, limit: int, subject: str | None
-) -> tuple[tuple[JournalEntry, ...], bool]:
-    """The API's journal, and whether older entries were left out. `until`
-    is applied here (the API has none): the API's newest `limit` entries
-    since `since` may then leave out entries before `until`, which its
-    truncation flag says."""
-    query = {"since": f"{since:.3f}", "limit": str(limit)}
-    if subject is not None:
-        query["subject"] = subject
-    try:
-        document = client.get(f"/api/v1/journal?{urllib.parse.urlencode(query)}")
-    except (DaemonUnreachable, DaemonError) as error:
-        raise _unreachable(client, error) from error
+def _api_journal(client: DaemonClient, window: _Window) -> _Journal:
+    """The API's journal, and whether older entries were left out."""
+    # In full (repr): the same window as the database's own query.
+    query = {"since": repr(window.since), "limit": str(window.limit)}
+    if window.until is not None:
+        query["until"] = repr(window.until)
+    if window.subject is not None:
+        query["subject"] = window.subject
+    document = client.get(f"/api/v1/journal?{urllib.parse.urlencode(query)}")
     entries = tuple(JournalEntry(**entry) for entry in document["entries"])
-    kept = tuple(e for e in entries if until is None or e.time < until)
+    # A daemon older than `until` in the API ignores it: the entries from
+    # `until` on are left out here (its truncation flag may then be wrong).
+    kept = tuple(e for e in entries if window.until is None or e.time < window.until)
     return kept, bool(document.get("truncated"))
 
 
@@ -672,11 +730,17 @@ def _target(
 
 
 @contextmanager
-def _offline(target: _Target) -> Iterator[Offline]:
+def _offline(target: _Target, wait: float = LOCK_WAIT_SECONDS) -> Iterator[Offline]:
+    """The state database, for a daemon that did not answer; `_Neither` when
+    it is held, by a daemon running where the CLI did not ask."""
     try:
-        with Offline(target.config, target.state_dir) as offline:
+        with Offline(target.config, target.state_dir, wait) as offline:
             yield offline
-    except (StoreError, ValueError) as error:
+    except StoreError as error:
+        if error.held:
+            raise _held(error.path, target.client) from error
+        raise click.ClickException(str(error)) from error
+    except ValueError as error:
         # Exit 1 like the daemon's refusal of the same subject.
         raise click.ClickException(str(error)) from error
 
@@ -706,17 +770,18 @@ def _daemon_or_database(
     database = os.path.join(target.state_dir, DB_NAME)
     if missing is not None and not os.path.exists(database):
         return missing(database)
-    if writes:
-        click.echo(
-            f"gpuwatchd is not running here: using the state database {database}; "
-            "the daemon applies the change when it starts",
-            err=True,
-        )
-    else:
-        click.echo(
-            f"gpuwatchd is not running here: reading the state database {database}", err=True
-        )
     with _offline(target) as offline:
+        # Said once the database is open: a daemon elsewhere may hold it.
+        if writes:
+            click.echo(
+                f"gpuwatchd is not running here: using the state database {database}; "
+                "the daemon applies the change when it starts",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"gpuwatchd is not running here: reading the state database {database}", err=True
+            )
         return local(offline)
 
 
@@ -899,8 +964,15 @@ def slurm_healthcheck(
                 f"gpuwatchd: no verdict ({_no_answer(error)}, no state database at {database})"
             )
             return
-        with _offline(target) as offline:
-            health, quarantines = offline.node_verdict()
+        # A daemon that answered nothing in time still holds its database:
+        # no wait for it then.
+        wait = LOCK_WAIT_SECONDS if isinstance(error, DaemonDown) else 0.0
+        try:
+            with _offline(target, wait) as offline:
+                health, quarantines = offline.node_verdict()
+        except _Neither as neither:
+            click.echo(f"gpuwatchd: no verdict ({_no_answer(error)}; {neither.message})")
+            return
         why = _why([dataclasses.asdict(q) for q in quarantines], [])
         if not isinstance(error, DaemonDown):
             click.echo(f"gpuwatchd: {_no_answer(error)}; the state database says:", err=True)

@@ -86,10 +86,16 @@ def open_store(state_dir: str, now: float) -> tuple[Store, str | None]:
     """The state database, and what was lost on the way when it was damaged
     (it is moved aside and a new one started), or an in-memory one when it
     cannot be used: the daemon keeps monitoring and exports
-    gpuwatchd_state_persisted 0."""
+    gpuwatchd_state_persisted 0. Opened exclusive (no -shm file for a
+    SIGBUS to come from: gpuwatchd.store). Raises StoreError when another
+    process holds it (another daemon on this state directory): two daemons
+    deciding for one node, one of them forgetting, is worse than none
+    starting."""
     try:
-        return Store.open(state_dir), None
+        return Store.open(state_dir, exclusive=True), None
     except StoreError as error:
+        if error.held:
+            raise
         if not error.damaged:
             log.error("%s; decisions will not survive a restart", error)
             return Store.in_memory(), None
@@ -98,7 +104,7 @@ def open_store(state_dir: str, now: float) -> tuple[Store, str | None]:
             for suffix in ("-wal", "-shm", ""):
                 if os.path.exists(error.path + suffix):
                     os.rename(error.path + suffix, aside + suffix)
-            store = Store.open(state_dir)
+            store = Store.open(state_dir, exclusive=True)
         except (OSError, StoreError) as again:
             log.error(
                 "%s; cannot move it aside: %s; decisions will not survive a restart", error, again
@@ -426,9 +432,9 @@ class Daemon:
         return self.store.quarantines()
 
     def journal(
-        self, since: float | None, subject: str | None, limit: int
+        self, since: float | None, subject: str | None, limit: int, until: float | None = None
     ) -> tuple[JournalEntry, ...]:
-        return self.store.journal(since=since, subject=subject, limit=limit)
+        return self.store.journal(since=since, subject=subject, limit=limit, until=until)
 
     def refused(self, message: str) -> None:
         """A refused write: counted on /metrics, and logged and journaled up to

@@ -11,7 +11,7 @@ The control API:
 | `GET /api/v1/quarantines` | the quarantines in the state database |
 | `POST /api/v1/quarantines` | quarantine: `{"subject", "reason", "operator"}` |
 | `DELETE /api/v1/quarantines/<subject>` | release; optional `{"reason", "operator"}` |
-| `GET /api/v1/journal?since=&subject=&limit=` | journal entries, oldest first |
+| `GET /api/v1/journal?since=&until=&subject=&limit=` | journal entries, oldest first |
 
 Reads are open to whoever reaches the listener (loopback by default). Writes
 need `Authorization: Bearer <secret>` with a secret from the token file: one
@@ -20,6 +20,8 @@ change made with it) or a bare `secret` (the request's `operator`, else
 "api"); blank lines and `#` comments are ignored, and the file is read at
 every write, so tokens change without a restart. A refused write is 401 and
 journaled. With a certificate and key configured the listener speaks TLS.
+Every error answer, the listener's own included (a method a path does not
+serve, a malformed request line, headers too long), is JSON `{"error": ...}`.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ class Control(Protocol):
     def quarantines(self) -> tuple[Quarantine, ...]: ...
 
     def journal(
-        self, since: float | None, subject: str | None, limit: int
+        self, since: float | None, subject: str | None, limit: int, until: float | None = None
     ) -> tuple[JournalEntry, ...]: ...
 
     def refused(self, message: str) -> None:
@@ -238,11 +240,34 @@ class _Handler(BaseHTTPRequestHandler):
     token: Token  # the write request's, once authenticated
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The errors http.server sends itself (a malformed request line, a
+        line or headers too long, a method with no do_), as JSON like the
+        API's own, instead of its HTML page."""
+        headers = {"Connection": "close"}
         # http.server answers a method it has no do_ for with 501, a server
-        # error; it is the client's: 405.
+        # error; it is the client's: 405, with the methods the path serves.
         if code == HTTPStatus.NOT_IMPLEMENTED:
             code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed here"
-        super().send_error(code, message, explain)
+            headers["Allow"] = self._allowed()
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        text = message or HTTPStatus(code).phrase
+        if explain:
+            text = f"{text}: {explain}"
+        if self.request_version == "HTTP/0.9" and not self.command:
+            # A request line that did not parse is no HTTP/0.9 request: the
+            # status and headers go out as HTTP/1.0 would send them.
+            self.request_version = "HTTP/1.0"
+        self.send_json(code, {"error": shown(text)}, headers)
+
+    def _allowed(self) -> str:
+        """The methods the request's path serves, for a 405's Allow header."""
+        if self.server.control is not None:
+            if self._path == QUARANTINES:
+                return "GET, HEAD, POST"
+            if self._path.startswith(QUARANTINES + "/"):
+                return "DELETE"
+        return "GET, HEAD"
 
     def version_string(self) -> str:
         # The Server header names no Python version.
@@ -450,7 +475,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _journal(self, control: Control) -> tuple[int, object]:
         query = {name: values[-1] for name, values in parse_qs(urlsplit(self.path).query).items()}
-        since = _since(query.get("since"), control.now())
+        since = _moment("since", query.get("since"), control.now())
+        until = _moment("until", query["until"], control.now()) if "until" in query else None
         subject = query.get("subject")
         try:
             limit = int(query.get("limit", MAX_JOURNAL_ENTRIES))
@@ -459,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= limit <= MAX_JOURNAL_ENTRIES:
             raise ApiError(400, f"limit must be 0 to {MAX_JOURNAL_ENTRIES}")
         # One more than asked says whether older entries were left out.
-        entries = control.journal(since, subject, limit + 1)
+        entries = control.journal(since, subject, limit + 1, until)
         kept = entries[len(entries) - limit :] if limit else ()
         return 200, {
             "entries": [dataclasses.asdict(entry) for entry in kept],
@@ -471,14 +497,15 @@ def _quarantines_json(control: Control) -> list[dict[str, Any]]:
     return [dataclasses.asdict(q) for q in control.quarantines()]
 
 
-def _since(value: str | None, now: float) -> float:
-    """`since` as seconds since the epoch, or a duration back from now (`1h`)."""
+def _moment(name: str, value: str | None, now: float) -> float:
+    """`value` as seconds since the epoch, or a duration back from now (`1h`);
+    when missing (`since` only), a day back."""
     if value is None:
         return now - JOURNAL_DAYS_DEFAULT * 86400
     try:
         return parse_moment(value, now)
     except ValueError as error:
-        raise ApiError(400, f"since: {error}") from error
+        raise ApiError(400, f"{name}: {error}") from error
 
 
 def base_url(host: str, port: int, tls: bool) -> str:

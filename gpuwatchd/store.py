@@ -16,9 +16,19 @@ a part gone after a restart or reboot is missed by name.
 A database that cannot be opened, read or written raises `StoreError`, whose
 message names the file and what to do; the daemon can go on monitoring with
 `Store.in_memory()` (`persistent` is False) and export that it cannot persist.
-The CLI uses `quarantine()` and `release()` directly, daemon running or not:
-the policy state carries the store's revision, and `save_poll` refuses
-(`StateConflict`) to overwrite a manual change made since it was read.
+
+The daemon opens it `exclusive`: sqlite's exclusive locking mode, set before
+the first access in WAL mode, keeps the WAL index in the process's heap
+instead of a memory-mapped `-shm` file (sqlite.org/wal.html, "Use of WAL
+Without Shared-Memory"). A `-shm` file whose pages cannot be written (made
+immutable, or on a full tmpfs) killed the daemon with SIGBUS inside sqlite's
+mapping of it; now there is none to map. The price: while the daemon runs no
+other process can open the database (`StoreError.held`, after
+`LOCK_WAIT_SECONDS`), so the CLI reads and writes through the daemon's API
+and uses the database itself, with `quarantine()` and `release()`, only when
+no daemon runs. The policy state carries the store's revision, and
+`save_poll` refuses (`StateConflict`) to overwrite a manual change made since
+it was read.
 """
 
 from __future__ import annotations
@@ -176,6 +186,13 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# How long an open waits for another process's lock before giving up with
+# `StoreError.held`. Other processes hold the database for milliseconds (one
+# CLI command); the daemon holds it while it runs, so waiting longer would
+# only delay the message.
+LOCK_WAIT_SECONDS = 2.0
+_HELD = "held by another process"
+
 PENDING = "pending"
 DEAD_LETTER = "dead_letter"
 
@@ -195,6 +212,12 @@ class StoreError(RuntimeError):
         return self.problem.startswith(
             ("not a readable sqlite database", "the database is damaged")
         )
+
+    @property
+    def held(self) -> bool:
+        """Another process holds the database (a running daemon keeps it
+        locked while it runs)."""
+        return self.problem.startswith(_HELD)
 
 
 @dataclass(frozen=True)
@@ -293,15 +316,27 @@ class Store:
     """The state database. Open with `Store.open(state_dir)`; one instance may
     be shared by threads (calls are serialised)."""
 
-    def __init__(self, connection: sqlite3.Connection, path: str, persistent: bool) -> None:
+    def __init__(
+        self,
+        connection: sqlite3.Connection,
+        path: str,
+        persistent: bool,
+        exclusive: bool = False,
+    ) -> None:
         self._db = connection
         self._lock = threading.RLock()
         self.path = path
         self.persistent = persistent
+        self.exclusive = exclusive
         self._identity: tuple[int, int] | None = None
 
     @classmethod
-    def open(cls, state_dir: str) -> Store:
+    def open(
+        cls, state_dir: str, *, exclusive: bool = False, wait: float = LOCK_WAIT_SECONDS
+    ) -> Store:
+        """The database in `state_dir`, made when missing. `exclusive` (the
+        daemon's): held, with no -shm file, until closed. `wait`: how long to
+        wait for another process's lock (StoreError.held after that)."""
         path = os.path.join(state_dir, DB_NAME)
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -309,7 +344,7 @@ class Store:
             raise StoreError(
                 path, f"cannot create the state directory: {error.strerror}"
             ) from error
-        store = cls(_connect(path), path, persistent=True)
+        store = cls(_connect(path, exclusive, wait), path, persistent=True, exclusive=exclusive)
         try:
             store._prepare(wal=True)
         except StoreError:
@@ -326,7 +361,7 @@ class Store:
             return False
         with self._lock:
             self._db.close()
-            self._db = _connect(self.path)
+            self._db = _connect(self.path, self.exclusive, LOCK_WAIT_SECONDS)
             self._prepare(wal=True)
         return True
 
@@ -917,14 +952,24 @@ class Store:
         )
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def _connect(path: str, exclusive: bool, wait: float) -> sqlite3.Connection:
     # The journal holds operators' names and reasons: not for other users.
     # sqlite gives the -wal and -shm files the database's mode. Where this
-    # fails, sqlite's own open says why.
+    # fails, sqlite's own open says why. Only a new file is opened here:
+    # closing any descriptor of an existing one would drop this process's
+    # POSIX locks on it, a store's exclusive lock among them
+    # (sqlite.org/howtocorrupt.html, 2.2).
     with suppress(OSError):
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     try:
-        return sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
+        connection = sqlite3.connect(
+            path, timeout=wait, isolation_level=None, check_same_thread=False
+        )
+        if exclusive:
+            # Before the first access in WAL mode (`_prepare`), or sqlite maps
+            # a -shm file as it would for shared access.
+            connection.execute("PRAGMA locking_mode=EXCLUSIVE")
+        return connection
     except sqlite3.DatabaseError as error:
         raise StoreError(path, _explain(error)) from error
 
@@ -1100,7 +1145,10 @@ def _explain(error: sqlite3.DatabaseError) -> str:
     if "full" in text:
         return f"cannot be written ({text}); free space on the state directory's filesystem"
     if "locked" in text:
-        return f"locked by another process for too long ({text})"
+        return (
+            f"{_HELD} ({text}): a running gpuwatchd keeps it while it runs, so ask it "
+            "through its API, or stop it first"
+        )
     return text
 
 

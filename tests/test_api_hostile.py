@@ -118,6 +118,18 @@ def test_the_journal_limit_is_bounded_and_the_newest_entries_come_with_a_truncat
     assert document["truncated"] is False
 
 
+def test_the_journal_window_ends_before_until(api: Api) -> None:
+    store, now = api.sim.daemon.store, api.sim.clock.now()
+    for number in range(10):
+        store.note("note", "node", f"entry {number}", now - 10 + number)
+    query = f"since={now - 10!r}&until={now - 4!r}&limit=3"
+    status, document = api.request("GET", f"/api/v1/journal?{query}", token=None)
+    assert status == 200 and document["truncated"] is True
+    assert [e["message"] for e in document["entries"]] == ["entry 3", "entry 4", "entry 5"]
+    status, document = api.request("GET", "/api/v1/journal?until=tomorrow", token=None)
+    assert status == 400 and document["error"].startswith("until: ")
+
+
 def test_refused_writes_are_counted_but_journaled_and_logged_only_ten_a_minute(
     api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -255,3 +267,68 @@ def test_tokens_never_reach_logs_metrics_status_or_the_journal(
     shown = [api.metrics(), json.dumps(status), journal, caplog.text]
     for secret in ("alice-secret", "alice-secreX", "bare-secret"):
         assert not any(secret in text for text in shown), secret
+
+
+def _answer(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    """The status line, headers (names in lower case) and body of a raw answer."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (x.partition(":") for x in lines)}
+    return status, headers, body
+
+
+# Each request is sent whole and read whole by the server before it answers
+# (a line of exactly 65537 bytes, 101 headers with no end): no unread bytes,
+# so the connection ends with a FIN, not a reset that could lose the answer.
+LISTENER_ERRORS = {
+    "put": (b"PUT /api/v1/quarantines HTTP/1.1\r\nHost: x\r\n\r\n", 405, "PUT is not allowed"),
+    "patch_metrics": (b"PATCH /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 405, "PATCH is not"),
+    "one_word": (b"GARBAGE\r\n\r\n", 400, "Bad request syntax ('GARBAGE')"),
+    "bad_version": (b"GET / HTTP/x.y\r\n\r\n", 400, "Bad request version ('HTTP/x.y')"),
+    "http_2": (b"GET / HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version (2.0)"),
+    "uri_too_long": (b"GET /" + b"a" * (65537 - 5), 414, "Request-URI Too Long"),
+    "header_too_long": (
+        b"GET / HTTP/1.1\r\nX: " + b"a" * (65537 - 3),
+        431,
+        "Line too long",
+    ),
+    "too_many_headers": (
+        b"GET / HTTP/1.1\r\n" + b"X: 1\r\n" * 101,
+        431,
+        "Too many headers",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LISTENER_ERRORS))
+def test_errors_the_listener_sends_itself_are_json_like_the_apis(api: Api, name: str) -> None:
+    request, code, error = LISTENER_ERRORS[name]
+    status, headers, body = _answer(_raw(api, request))
+    assert status.split(" ", 2)[:2] == ["HTTP/1.0", str(code)], status
+    assert headers["content-type"] == "application/json"
+    assert headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    assert json.loads(body)["error"].startswith(error)
+
+
+def test_a_method_a_path_does_not_serve_is_405_with_the_methods_it_does(api: Api) -> None:
+    allowed = {
+        "/api/v1/quarantines": "GET, HEAD, POST",
+        "/api/v1/quarantines/gpu%3A1": "DELETE",
+        "/metrics": "GET, HEAD",
+        "/api/v1/status": "GET, HEAD",
+    }
+    for path, methods in allowed.items():
+        for method in ("PUT", "PATCH", "OPTIONS", "TRACE"):
+            request = f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            status, headers, body = _answer(_raw(api, request))
+            assert status.startswith("HTTP/1.0 405 "), (method, path, status)
+            assert headers["allow"] == methods, (method, path)
+            assert json.loads(body) == {"error": f"{method} is not allowed here"}
+
+
+def test_an_error_answer_to_head_has_no_body(api: Api) -> None:
+    status, headers, body = _answer(_raw(api, b"HEAD / HTTP/1.1\r\nX: " + b"a" * (65537 - 3)))
+    assert status.startswith("HTTP/1.0 431 ")
+    assert headers["content-type"] == "application/json" and int(headers["content-length"]) > 0
+    assert body == b""

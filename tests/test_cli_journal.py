@@ -1,16 +1,22 @@
-"""`gpuwatchd journal`: what happened on the node, read from the state database."""
+"""`gpuwatchd journal`: what happened on the node, read from the state
+database, or through the daemon's API while the daemon holds the database."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
+import pytest
 from actions_support import daemon_process, free_port, write_config
 from click.testing import CliRunner
 from daemon_support import simulated_daemon
 
 from gpuwatchd.cli import main
+from gpuwatchd.store import Store, StoreError
 
 SCENARIO = (
     "node: {gpus: 4, nvlinks: 4, hcas: 2}\nfaults: [{at: 10s, kind: ecc_uncorrectable, gpu: 1}]\n"
@@ -129,3 +135,80 @@ def test_a_journal_that_fits_its_limit_has_no_notice(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["journal", "--state-dir", state])
     assert len(result.stdout.splitlines()) == 1000
     assert result.stderr == ""
+
+
+def test_journal_while_the_daemon_runs_answers_through_its_api_as_the_database_would(
+    tmp_path: Path,
+) -> None:
+    config = write_config(tmp_path / "gpuwatchd.yaml", tmp_path / "state", free_port(), {})
+    asks = [
+        ["--since", "1h"],
+        ["--since", "1h", "--subject", "gpu:2", "--json"],
+        ["--since", "1h", "--limit", "2"],
+    ]
+    with daemon_process(config) as daemon:
+        for gpu in ("gpu:2", "gpu:5"):
+            added = CliRunner().invoke(
+                main, ["quarantine", "add", gpu, "--reason", "drill", "--config", str(config)]
+            )
+            assert added.exit_code == 0, added.output
+        # A window that ends now: what the daemon journals later is outside it.
+        until = ["--until", repr(time.time())]
+        with pytest.raises(StoreError) as held:
+            Store.open(str(daemon.state_dir), wait=0.0)
+        assert held.value.held
+        live = [
+            CliRunner().invoke(main, ["journal", "--config", str(config), *ask, *until])
+            for ask in asks
+        ]
+    stopped = [
+        CliRunner().invoke(main, ["journal", "--config", str(config), *ask, *until]) for ask in asks
+    ]
+    for through_api, from_file in zip(live, stopped, strict=True):
+        assert through_api.exit_code == 0, through_api.output
+        assert (through_api.stdout, through_api.stderr) == (from_file.stdout, from_file.stderr)
+    assert "quarantine gpu:5 (manual" in live[0].stdout
+    assert {json.loads(line)["subject"] for line in live[1].stdout.splitlines()} == {"gpu:2"}
+    assert len(live[2].stdout.splitlines()) == 2
+    assert "only the newest 2 are shown" in live[2].stderr
+
+
+# Whether another process can open the database: it must not while it is held.
+PROBE = (
+    "import sqlite3, sys\n"
+    "db = sqlite3.connect(sys.argv[1], timeout=0)\n"
+    "try:\n"
+    "    db.execute('SELECT COUNT(*) FROM journal').fetchone()\n"
+    "except sqlite3.OperationalError as error:\n"
+    "    print(error)\n"
+)
+
+
+def test_a_database_held_by_a_daemon_the_cli_cannot_reach_is_one_message(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    # Nothing listens at the config's address; the database is held as a
+    # daemon listening elsewhere (or still starting) holds it.
+    port = free_port()
+    config = write_config(tmp_path / "gpuwatchd.yaml", state, port, {})
+    said = f"is held by a running gpuwatchd, which does not answer at http://127.0.0.1:{port}"
+    with closing(Store.open(str(state), exclusive=True)):
+        for command in (["journal"], ["quarantine", "add", "node"]):
+            extra = ["--reason", "drill"] if command[-1] == "node" else []
+            result = CliRunner().invoke(main, [*command, *extra, "--config", str(config)])
+            assert result.exit_code == 2, (command, result.output)
+            assert result.output.startswith(f"Error: the state database {state / 'state.db'} ")
+            assert said in result.output and "--node URL" in result.output
+            assert result.exception is None or isinstance(result.exception, SystemExit)
+        verdict = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
+        assert verdict.exit_code == 0
+        assert verdict.output.startswith("gpuwatchd: no verdict (not running; the state database")
+        # The CLI's attempts in this process left the holder's lock in place.
+        probe = subprocess.run(
+            [sys.executable, "-c", PROBE, str(state / "state.db")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert probe.stdout == "database is locked\n"

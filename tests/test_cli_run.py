@@ -164,7 +164,9 @@ def _stop(process: subprocess.Popen[str]) -> None:
     assert process.returncode == 0
 
 
-def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() -> None:
+def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are(
+    tmp_path: Path,
+) -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     process = _start("--simulate", "--listen", f"127.0.0.1:{port}")
@@ -178,8 +180,23 @@ def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are() ->
         assert added.output == "quarantined gpu:3: fans at 100%\n"
         journal = cli.invoke(main, ["journal", "--subject", "gpu:3"])
         assert journal.exit_code == 0 and "quarantine gpu:3 (manual" in journal.output
-        local = cli.invoke(main, ["journal", "--subject", "gpu:3"], env={"GPUWATCHD_NODE": None})
-        assert local.output == journal.output
+        # Without the URL the CLI finds the database held by the daemon, which
+        # does not listen where the config says: one message.
+        elsewhere = _free_port()
+        config = tmp_path / "gpuwatchd.yaml"
+        config.write_text(f"daemon: {{listen: '127.0.0.1:{elsewhere}'}}\n")
+        local = cli.invoke(
+            main,
+            ["journal", "--subject", "gpu:3", "--config", str(config)],
+            env={"GPUWATCHD_NODE": None},
+        )
+        assert local.exit_code == 2
+        assert local.output == (
+            f"Error: the state database {state_dir / 'state.db'} is held by a running "
+            f"gpuwatchd, which does not answer at http://127.0.0.1:{elsewhere}: is it starting, or "
+            "listening elsewhere? (--node URL, or --config with its api.listen or "
+            "daemon.listen)\n"
+        )
         assert (state_dir / "state.db").exists()
     finally:
         _stop(process)
@@ -237,6 +254,26 @@ def test_a_taken_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.output
     assert list(tmp_path.iterdir()) == []  # no token file, no database
+
+
+def test_a_second_daemon_on_a_running_daemons_state_directory_is_refused(
+    running_daemon: tuple[str, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state")]
+    listen = ["--listen", f"127.0.0.1:{_free_port()}"]
+    second = subprocess.run(
+        [sys.executable, "-m", "gpuwatchd", "run", "--simulate", "calm", *listen, *state],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1
+    assert (
+        f"Error: the state database {tmp_path / 'state' / 'state.db'} is held by another "
+        f"process: another gpuwatchd runs with the state directory {tmp_path / 'state'}"
+    ) in second.stderr
+    assert "Traceback" not in second.stderr
+    assert running_daemon[1].poll() is None
 
 
 def test_a_missing_scenario_file_names_the_built_in_scenarios(tmp_path: Path) -> None:

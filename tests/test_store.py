@@ -305,7 +305,8 @@ def test_an_in_memory_store_keeps_policy_working_but_says_it_does_not_persist() 
 
 # A child that quarantines subject after subject, each in its own transaction,
 # with a poll's worth of journal and samples in between, and says on stdout
-# which quarantine it has committed.
+# which quarantine it has committed. It holds the database as the daemon does
+# (exclusive: its WAL index only in its memory, lost with it).
 WRITER = textwrap.dedent(
     """
     import sys
@@ -313,7 +314,7 @@ WRITER = textwrap.dedent(
     from gpuwatchd.policy import PolicyConfig, evaluate
     from gpuwatchd.store import Store
 
-    store = Store.open(sys.argv[1])
+    store = Store.open(sys.argv[1], exclusive=True)
     number = int(sys.argv[2])
     while True:
         store.quarantine(f"gpu:{number}", "kill test", "tester", float(number))

@@ -3,7 +3,8 @@ operations on the state database when the local daemon is not running.
 
 `DaemonDown` is raised only when nothing listens at the address (connection
 refused): the one case where working on the state database directly is
-safe, since no daemon holds it in memory. Any other failure to get an answer
+safe, since no daemon holds it in memory (a daemon running elsewhere holds
+the database itself locked: gpuwatchd.store). Any other failure to get an answer
 (a timeout, a TLS error) is `DaemonUnreachable`, and an error the daemon
 answers is `DaemonError`: the CLI reports both as they are.
 """
@@ -29,7 +30,7 @@ from gpuwatchd.config import Config
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.policy import NODE
 from gpuwatchd.server import unix_socket_path
-from gpuwatchd.store import EventsOf, Store
+from gpuwatchd.store import LOCK_WAIT_SECONDS, EventsOf, Store
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 
@@ -149,10 +150,10 @@ class Offline:
     """The control API's operations on the state database of a node whose
     daemon is not running; the daemon loads what they write when it starts."""
 
-    def __init__(self, config: Config, state_dir: str) -> None:
+    def __init__(self, config: Config, state_dir: str, wait: float = LOCK_WAIT_SECONDS) -> None:
         self.config = config
         self.state_dir = state_dir
-        self.store = Store.open(state_dir)
+        self.store = Store.open(state_dir, wait=wait)
 
     def close(self) -> None:
         self.store.close()
