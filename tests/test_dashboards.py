@@ -153,6 +153,58 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="no promtool")
+def test_a_gpu_whose_mismatch_counter_was_first_scraped_after_a_mismatch_is_listed(
+    tmp_path: Path,
+) -> None:
+    # A daemon's first burst can end before Prometheus first scrapes it: the
+    # counter is born at 2, and increase() alone sees nothing (stack test,
+    # CI of an earlier stop). GPU 3's counter never left 0.
+    sdc = load(REPO / "grafana" / "dashboards" / "gpuwatchd-sdc.json")
+    queries = {title: substitute(expr, ALL) for title, expr in expressions(sdc)}
+    table, count = queries["GPUs with mismatches"], queries["GPUs with a mismatch in 24h"]
+    rules = [{"record": "t:listed", "expr": table}, {"record": "t:counted", "expr": count}]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": rules}]}))
+    labels = 'cluster="c1", instance="node-a", result="mismatch"'
+    runs = [
+        (f'gpuwatchd_canary_runs_total{{{labels}, gpu="7", canary="mma_int8"}}', "2x30"),
+        (f'gpuwatchd_canary_runs_total{{{labels}, gpu="3", canary="mma_int8"}}', "0x30"),
+        (f'gpuwatchd_canary_gpu_runs_total{{{labels}, gpu="7"}}', "2x30"),
+        (f'gpuwatchd_canary_gpu_runs_total{{{labels}, gpu="3"}}', "0x30"),
+    ]
+    listed = 't:listed{canary="mma_int8", cluster="c1", gpu="7", instance="node-a"}'
+    test = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in runs],
+                "promql_expr_test": [
+                    {
+                        "expr": "t:listed",
+                        "eval_time": "20m",
+                        "exp_samples": [{"labels": listed, "value": 2}],
+                    },
+                    {
+                        "expr": "t:counted",
+                        "eval_time": "20m",
+                        "exp_samples": [{"labels": "t:counted", "value": 1}],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_provisioning_points_grafana_at_prometheus_and_the_dashboards_folder() -> None:
     datasources = yaml.safe_load((PROVISIONING / "datasources" / "gpuwatchd.yml").read_text())
     assert [source["type"] for source in datasources["datasources"]] == ["prometheus"]
