@@ -159,11 +159,15 @@ def test_a_gpu_whose_mismatch_counter_was_first_scraped_after_a_mismatch_is_list
 ) -> None:
     # A daemon's first burst can end before Prometheus first scrapes it: the
     # counter is born at 2, and increase() alone sees nothing (stack test,
-    # CI of an earlier stop). GPU 3's counter never left 0.
+    # CI of an earlier stop). GPU 3's counter never left 0. The range is
+    # BUILTINS' hour.
     sdc = load(REPO / "grafana" / "dashboards" / "gpuwatchd-sdc.json")
     queries = {title: substitute(expr, ALL) for title, expr in expressions(sdc)}
-    table, count = queries["GPUs with mismatches"], queries["GPUs with a mismatch in 24h"]
-    rules = [{"record": "t:listed", "expr": table}, {"record": "t:counted", "expr": count}]
+    rules = [
+        {"record": "t:listed", "expr": queries["GPUs with mismatches"]},
+        {"record": "t:counted", "expr": queries["GPUs with a mismatch in 24h"]},
+        {"record": "t:summed", "expr": queries["Mismatches in range"]},
+    ]
     (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": rules}]}))
     labels = 'cluster="c1", instance="node-a", result="mismatch"'
     runs = [
@@ -190,6 +194,11 @@ def test_a_gpu_whose_mismatch_counter_was_first_scraped_after_a_mismatch_is_list
                         "expr": "t:counted",
                         "eval_time": "20m",
                         "exp_samples": [{"labels": "t:counted", "value": 1}],
+                    },
+                    {
+                        "expr": "t:summed",
+                        "eval_time": "20m",
+                        "exp_samples": [{"labels": "t:summed", "value": 2}],
                     },
                 ],
             }
