@@ -12,9 +12,11 @@ from gpuwatchd.canary.cli import canary
 from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
 
 
-def scenario(tmp_path: Path, faults: str = "", gpus: int = 3) -> str:
+def scenario(
+    tmp_path: Path, faults: str = "", gpus: int = 3, model: str = "NVIDIA H100 80GB HBM3"
+) -> str:
     path = tmp_path / "node.yaml"
-    node = f'node: {{gpus: {gpus}, model: "NVIDIA H100 80GB HBM3"}}\nseed: 4\n'
+    node = f'node: {{gpus: {gpus}, model: "{model}"}}\nseed: 4\n'
     path.write_text(f"{node}faults:\n{faults or '  []'}\n")
     return str(path)
 
@@ -32,6 +34,13 @@ def test_a_healthy_simulated_node_passes(tmp_path: Path) -> None:
     assert code == 0, output
     assert output.splitlines()[-1] == "all 40 canaries passed"
     assert "gpu 1  gemm_exact_fp16" in output
+
+
+def test_a_simulated_v100_runs_no_tensor_core_tile(tmp_path: Path) -> None:
+    code, output = run("--simulate", scenario(tmp_path, gpus=1, model="Tesla V100-SXM2-32GB"))
+    assert code == 0, output
+    assert output.splitlines()[-1] == "all 18 canaries passed"
+    assert "mma_" not in output
 
 
 def test_a_gpu_with_silent_data_corruption_fails_the_run(tmp_path: Path) -> None:

@@ -200,3 +200,12 @@ def test_the_daemon_plans_the_tile_canaries_from_the_capability_nvml_reads(
         agent.poll([GpuSample(index=0, up=True, uuid="GPU-0", utilization_gpu_ratio=0.0)])
     [request] = requests
     assert tuple(s.dtype for s in request.specs if s.kind == "mma") == expected
+
+
+def test_a_simulated_node_runs_the_tiles_its_model_has() -> None:
+    # The CPU stand-in emulates every tile, but plans only those of the GPU
+    # it stands in for once its capability is known (NVML's, simulated).
+    assert [s.dtype for s in default_suite("cpu", 1, 1, 1 << 20, (7, 0)) if s.kind == "mma"] == []
+    assert [s.dtype for s in default_suite("cpu", 1, 1, 1 << 20) if s.kind == "mma"] == list(
+        MMA_DTYPES
+    )

@@ -40,6 +40,7 @@ from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.units import parse_duration
 
 EXIT_PASS = 0
@@ -83,7 +84,9 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
         faults = sdc_faults(scenario)
     except scenarios.ScenarioError as error:
         raise CannotRun(str(error)) from error
-    suite = default_suite("cpu", config.seed, config.seed, config.hbm_bytes)
+    # The simulated model's capability: a simulated V100 runs no tensor-core tile.
+    capability = spec_for(scenario.node.model).compute_capability
+    suite = default_suite("cpu", config.seed, config.seed, config.hbm_bytes, capability)
     requests = tuple(
         BurstRequest(
             "cpu",

@@ -117,8 +117,9 @@ def default_suite(
     full-mantissa GEMM's result can be compared across GPUs and runs.
     `hbm_bytes` is an upper bound: the worker shrinks it to the free memory.
     `capability` is the GPU's CUDA compute capability: the mma canaries run
-    where it has their instruction (all of them on the CPU, which emulates
-    them; none where it is unknown). They come last: a toolkit that cannot
+    where it has their instruction, none where it is unknown (the CPU, which
+    emulates them, runs them all unless it stands in for a GPU whose
+    capability it was given). They come last: a toolkit that cannot
     compile one ends the burst with an error after everything else ran."""
     size = CUDA_SIZE if backend == "cuda" else CPU_SIZE
     words = (min(hbm_bytes, CPU_HBM_BYTES) if backend == "cpu" else hbm_bytes) // 8
@@ -137,7 +138,7 @@ def default_suite(
         *(
             CanarySpec("mma", dtype, size.mma, seed)
             for dtype in MMA_DTYPES
-            if backend == "cpu" or mma_supported(dtype, capability)
+            if mma_supported(dtype, capability) or (backend == "cpu" and capability is None)
         ),
     )
 
