@@ -196,14 +196,19 @@ def _known_answer(
     return KnownAnswer(compare_values(output, expected), expected, note)
 
 
+def _signless_zero(values: NDArray[Any]) -> NDArray[Any]:
+    """Float outputs with -0 made +0. How an exact cancellation is signed
+    inside a tensor core's adder or a split-K fix-up is undocumented (IEEE
+    gives +0): -0 and +0 are one answer. Integers pass unchanged."""
+    return values + values.dtype.type(0) if values.dtype.kind == "f" else values
+
+
 def _gemm_exact(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     fmt = FORMATS[spec.dtype]
     m, k, n = spec.shape
     inputs = exact_gemm(fmt, (m, k, n), spec.seed)
     run = backend.gemm(fmt, inputs.a, inputs.b)
-    # How an exact cancellation is signed inside a tensor core's adder or a
-    # split-K fix-up is undocumented (IEEE gives +0): -0 and +0 are one answer.
-    output = run.output + run.output.dtype.type(0)
+    output = _signless_zero(run.output)
     known = _known_answer(context, spec, output, lambda: exact_reference(fmt, inputs))
     # No TFLOP/s: a GEMM this thin is bound by launch latency, its rate says
     # nothing about the GPU (only the full-mantissa GEMMs report one).
@@ -271,15 +276,35 @@ def _bounded_rows(
     bound: float,
     cores: tuple[int | None, int | None],
 ) -> Comparison:
-    exact = _on_core(cores[0], lambda: a @ b)
     scale = _on_core(cores[0], lambda: np.abs(a) @ np.abs(b))
-    bad = np.abs(output.astype(np.float64) - exact) > bound * scale
+    return _outside_bound(
+        spec,
+        cores,
+        output,
+        lambda: a @ b,
+        lambda exact: np.abs(output.astype(np.float64) - exact) > bound * scale,
+    ).comparison
+
+
+def _outside_bound(
+    spec: CanarySpec,
+    cores: tuple[int | None, int | None],
+    output: NDArray[Any],
+    exact_of: Callable[[], NDArray[np.float64]],
+    outside: Callable[[NDArray[np.float64]], NDArray[np.bool_]],
+) -> KnownAnswer:
+    """`output` judged against a bound around exact values: the elements
+    `outside` marks are wrong, once a second host core computed the same
+    exact values (HostReferenceError when it did not)."""
+    exact = _on_core(cores[0], exact_of)
+    bad = outside(exact)
     if not bad.any():
-        return Comparison(width=output.dtype.itemsize * 8)
-    if not np.array_equal(_on_core(cores[1], lambda: a @ b), exact):
+        return KnownAnswer(Comparison(width=output.dtype.itemsize * 8), None)
+    if not np.array_equal(_on_core(cores[1], exact_of), exact):
         raise _host_fault(spec, cores)
     expected = np.where(bad, exact, output).astype(output.dtype)
-    return compare_values(output, expected)
+    note = f"reference checked on cores {cores[0]}, {cores[1]}"
+    return KnownAnswer(compare_values(output, expected), expected, note)
 
 
 def _gemm_burn(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
@@ -368,24 +393,22 @@ def _sfu(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     core computed the same exact values."""
     inputs = sfu_inputs(spec.shape[0], spec.seed)
     run = backend.sfu(inputs)
-    first, second = _reference_cores(context)
-    exact = _on_core(first, lambda: sfu_reference(inputs))
-    bad = sfu_outside(run.values, exact, inputs)
-    if not bad.any():
-        return _located(spec, run, KnownAnswer(Comparison(width=32), None))
-    if not np.array_equal(_on_core(second, lambda: sfu_reference(inputs)), exact):
-        raise _host_fault(spec, (first, second))
-    expected = np.where(bad, exact.astype(np.float32), run.values)
-    note = f"outside the documented error bound; reference checked on cores {first}, {second}"
-    return _located(spec, run, KnownAnswer(compare_values(run.values, expected), expected, note))
+    known = _outside_bound(
+        spec,
+        _reference_cores(context),
+        run.values,
+        lambda: sfu_reference(inputs),
+        lambda exact: sfu_outside(run.values, exact, inputs),
+    )
+    if known.note is not None:
+        known = dataclasses.replace(known, note=f"outside the documented error bound; {known.note}")
+    return _located(spec, run, known)
 
 
 def _mma(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
     case = mma_case(spec.dtype, spec.shape, spec.seed)
     run = backend.mma(case.inputs)
-    if run.values.dtype.kind == "f":
-        # -0 and +0 are one answer, as for the exact GEMMs.
-        run = dataclasses.replace(run, values=run.values + run.values.dtype.type(0))
+    run = dataclasses.replace(run, values=_signless_zero(run.values))
     return _thread_evidence(spec, context, run, lambda: mma_reference(case))
 
 
