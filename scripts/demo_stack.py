@@ -42,6 +42,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -261,7 +262,7 @@ def instant_query(url: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
-class Services:
+class Services(ABC):
     """Processes started with their logs under `workdir`/logs, stopped in
     reverse order of start, and the receiver of Alertmanager's notifications.
     As a context manager: the receiver and `start()` on entry, all stopped on
@@ -284,8 +285,9 @@ class Services:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the stack's processes (the subclass's)."""
 
     def stop(self) -> None:
         self.stop_processes()
