@@ -144,6 +144,8 @@ class CanaryAgent:
         self._unchecked: dict[int, tuple[str, float]] = {}
         # GPU index -> its compute capability, as last read with its modes.
         self._capabilities: dict[int, tuple[int, int]] = {}
+        # The targets and capabilities the plan was last made for.
+        self._planned_for: tuple[object, ...] | None = None
         self._log: MismatchLog | None = None
         self._executor = executor or ThreadPoolExecutor(
             MAX_CONCURRENT_BURSTS, thread_name_prefix="canary"
@@ -175,7 +177,7 @@ class CanaryAgent:
         self._out_of_service = frozenset(quarantined) | frozenset(self._confirm.confirmed)
         if not self._config.enabled:
             return CanaryView((), self._stats)
-        self._stats = self._stats.plan(self._planned())
+        self._plan()
         self._collect(now, xid_events)
         self._start_reruns(now)
         self._start_due(now)
@@ -350,6 +352,14 @@ class CanaryAgent:
             seed = self._config.seed + count % self._config.seed_rotation
             self._schedule = schedule.started(self._schedule, key, now, idle[key])
             self._submit(key, self._request(key, self._suite(key, seed, now)), None)
+
+    def _plan(self) -> None:
+        """Export every planned (target, canary) pair, anew only when the
+        targets or what the GPUs' capabilities allow have changed."""
+        key = (self._targets(), tuple(sorted(self._capabilities.items())))
+        if key != self._planned_for:
+            self._planned_for = key
+            self._stats = self._stats.plan(self._planned())
 
     def _planned(self) -> Iterator[tuple[str, str]]:
         """Every (target, canary) the regular bursts will run."""
