@@ -567,7 +567,7 @@ def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
     store = Store.open(directory, wait=wait)
     try:
         # One more than asked says whether older entries were left out.
-        entries = store.journal(
+        entries = store.journal.entries(
             since=window.since, subject=window.subject, limit=window.limit + 1, until=window.until
         )
     finally:

@@ -150,7 +150,7 @@ class Daemon:
         self.store, lost = open_store(config.daemon.state_dir, now)
         self._persisted = self.store.persistent
         if canary is not None:
-            canary.keep_history(self.store)
+            canary.keep_history(self.store.canary)
         # Polls whose journal rows and webhook events the database could not take yet.
         self._unsaved: list[UnsavedPoll] = []
         self._store_findings: tuple[Finding, ...] = ()
@@ -165,11 +165,11 @@ class Daemon:
                     evidence={"path": self.store.path},
                 ),
             )
-            self._write(lambda: self.store.note("state_lost", NODE, lost, now))
+            self._write(lambda: self.store.journal.note("state_lost", NODE, lost, now))
         self.boot_id = _boot_id(boot_id_path)
-        self._write(lambda: self.store.record_boot(self.boot_id, now))
+        self._write(lambda: self.store.boots.add(self.boot_id, now))
         # The last samples of the previous run make the first rates right.
-        for reading in self.store.last_readings(now, max_age=config.daemon.history):
+        for reading in self.store.samples.readings(now, max_age=config.daemon.history):
             self.history.record(reading)
         self.state: PolicyState = self.store.load_state()
         self._known_gpus = self._load_known_gpus()
@@ -267,14 +267,14 @@ class Daemon:
 
     def _load_known_gpus(self) -> tuple[gpu_lost.KnownGpu, ...]:
         try:
-            return gpu_lost.decode_known(self.store.fact(gpu_lost.KNOWN_GPUS_FACT))
+            return gpu_lost.decode_known(self.store.facts.get(gpu_lost.KNOWN_GPUS_FACT))
         except StoreError as error:
             log.error("%s; the GPUs of the first healthy start are learned again", error)
             return ()
 
     def _load_expected_ports(self) -> frozenset[str]:
         try:
-            ports = self.store.fact(EXPECTED_PORTS)
+            ports = self.store.facts.get(EXPECTED_PORTS)
         except StoreError as error:
             log.error("%s; the InfiniBand ports to expect are learned again", error)
             return frozenset()
@@ -294,10 +294,10 @@ class Daemon:
         log.info("expecting %d GPU(s) from now on, as this healthy poll read", len(learned))
         self._known_gpus = learned
         data = [asdict(gpu) for gpu in learned]
-        self._write(lambda: self.store.record_fact(gpu_lost.KNOWN_GPUS_FACT, data, now))
+        self._write(lambda: self.store.facts.put(gpu_lost.KNOWN_GPUS_FACT, data, now))
 
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
-        boots = self.store.boot_record()
+        boots = self.store.boots.record()
         self._learn_gpus(readings, now)
         inputs = CheckInputs(self.history, now, boots, self._known_gpus, self._expected_ports)
         run = run_all(inputs, self.config.checks)
@@ -434,7 +434,7 @@ class Daemon:
     def journal(
         self, since: float | None, subject: str | None, limit: int, until: float | None = None
     ) -> tuple[JournalEntry, ...]:
-        return self.store.journal(since=since, subject=subject, limit=limit, until=until)
+        return self.store.journal.entries(since=since, subject=subject, limit=limit, until=until)
 
     def refused(self, message: str) -> None:
         """A refused write: counted on /metrics, and logged and journaled up to
@@ -455,7 +455,7 @@ class Daemon:
                 return
             self._refused_notes += 1
         log.warning("%s", message)
-        self._write(lambda: self.store.note("api_refused", NODE, message, now))
+        self._write(lambda: self.store.journal.note("api_refused", NODE, message, now))
 
     def _rejudge(self, now: float) -> None:
         """Judge the last poll's findings again on top of a manual change, so
@@ -520,7 +520,7 @@ class Daemon:
             log.info("expecting InfiniBand port(s) from now on: %s", ", ".join(sorted(new)))
             self._expected_ports |= new
             ports = sorted(self._expected_ports)
-            self._write(lambda: self.store.record_fact(EXPECTED_PORTS, ports, now))
+            self._write(lambda: self.store.facts.put(EXPECTED_PORTS, ports, now))
 
     def _prune_journal(self, now: float) -> None:
         if now - self._pruned < JOURNAL_PRUNE_EVERY:
@@ -528,7 +528,7 @@ class Daemon:
         self._pruned = now
         before = now - self.config.daemon.journal_retention
         try:
-            pruned = self.store.prune_journal(before, keep_kinds=(DRAIN_NOTE,))
+            pruned = self.store.journal.prune(before, keep_kinds=(DRAIN_NOTE,))
         except StoreError as error:
             log.error("%s", error)
             return

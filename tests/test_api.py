@@ -83,7 +83,7 @@ def test_a_write_without_a_valid_token_is_401_and_journaled(api: Api, token: str
     status, document = api.request("POST", "/api/v1/quarantines", body, token=token)
     assert status == 401
     assert api.sim.daemon.store.quarantines() == ()
-    (refused,) = [e for e in api.sim.daemon.store.journal() if e.kind == "api_refused"]
+    (refused,) = [e for e in api.sim.daemon.store.journal.entries() if e.kind == "api_refused"]
     assert refused.message.startswith("POST /api/v1/quarantines from 127.0.0.1 refused")
     assert refused.message.endswith(document["error"])
 

@@ -45,7 +45,9 @@ def _raw(api: Api, request: bytes) -> bytes:
 
 def _refused_rows(api: Api) -> list[str]:
     return [
-        e.message for e in api.sim.daemon.store.journal(limit=10_000) if e.kind == "api_refused"
+        e.message
+        for e in api.sim.daemon.store.journal.entries(limit=10_000)
+        if e.kind == "api_refused"
     ]
 
 
@@ -110,7 +112,7 @@ def test_the_journal_limit_is_bounded_and_the_newest_entries_come_with_a_truncat
     assert status == 400 and "limit must be 0 to 10000" in document["error"]
     store, now = api.sim.daemon.store, api.sim.clock.now()
     for number in range(30):
-        store.note("note", "node", f"entry {number}", now)
+        store.journal.note("note", "node", f"entry {number}", now)
     status, document = api.request("GET", "/api/v1/journal?since=1h&limit=5", token=None)
     assert status == 200 and document["truncated"] is True
     assert [e["message"] for e in document["entries"]] == [f"entry {n}" for n in range(25, 30)]
@@ -121,7 +123,7 @@ def test_the_journal_limit_is_bounded_and_the_newest_entries_come_with_a_truncat
 def test_the_journal_window_ends_before_until(api: Api) -> None:
     store, now = api.sim.daemon.store, api.sim.clock.now()
     for number in range(10):
-        store.note("note", "node", f"entry {number}", now - 10 + number)
+        store.journal.note("note", "node", f"entry {number}", now - 10 + number)
     query = f"since={now - 10!r}&until={now - 4!r}&limit=3"
     status, document = api.request("GET", f"/api/v1/journal?{query}", token=None)
     assert status == 200 and document["truncated"] is True
@@ -263,7 +265,7 @@ def test_tokens_never_reach_logs_metrics_status_or_the_journal(
         # Already quarantined: 200, the original kept.
         assert api.request("POST", QUARANTINES, body, token="bare-secret")[0] == 200
     _, status = api.request("GET", "/api/v1/status", token=None)
-    journal = json.dumps([e.message for e in api.sim.daemon.store.journal(limit=10_000)])
+    journal = json.dumps([e.message for e in api.sim.daemon.store.journal.entries(limit=10_000)])
     shown = [api.metrics(), json.dumps(status), journal, caplog.text]
     for secret in ("alice-secret", "alice-secreX", "bare-secret"):
         assert not any(secret in text for text in shown), secret

@@ -106,7 +106,7 @@ def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() 
 
     store = Store.in_memory()
     canaries = agent(clock, first_burst_only, CanaryConfig(host_cores=False))
-    canaries.keep_history(store)
+    canaries.keep_history(store.canary)
     node = gpus(3)
     for _ in range(3):
         view = canaries.poll(node)
@@ -118,19 +118,19 @@ def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() 
     [finding] = view.findings
     assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 11
     # The history is in the state database, for the next daemon.
-    records = store.canary_mismatches(since=0.0)
+    records = store.canary.since(0.0)
     assert len(records) == 11 and {r["target"] for r in records} == {"gpu:1"}
     restarted = agent(clock, config=CanaryConfig(host_cores=False))
-    restarted.keep_history(store)
+    restarted.keep_history(store.canary)
     assert restarted._confirm.history == canaries._confirm.history
 
 
 def test_a_mismatch_history_that_cannot_be_read_starts_afresh() -> None:
     class Broken:
-        def canary_mismatches(self, since: float) -> list[dict[str, Any]]:
+        def since(self, since: float) -> list[dict[str, Any]]:
             raise OSError("disk I/O error")
 
-        def record_canary_mismatches(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
             raise OSError("disk I/O error")
 
     clock = FakeClock()

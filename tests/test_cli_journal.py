@@ -103,7 +103,7 @@ def _many_entries(tmp_path: Path, count: int) -> tuple[str, float]:
     with simulated_daemon("node: {gpus: 1, nvlinks: 0, hcas: 0}\n", tmp_path) as sim:
         store, now = sim.daemon.store, time.time()
         for n in range(count):
-            store.note("note", "node", f"entry {n}", now - count + n)
+            store.journal.note("note", "node", f"entry {n}", now - count + n)
     return str(tmp_path / "state"), now - count
 
 

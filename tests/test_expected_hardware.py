@@ -132,11 +132,11 @@ def test_calm_node_with_one_refused_link_stays_healthy_for_an_hour(tmp_path: Pat
 def test_the_record_is_kept_by_the_state_database(tmp_path: Path) -> None:
     state = str(tmp_path / "state")
     store = Store.open(state)
-    assert store.fact(gpu_lost.KNOWN_GPUS_FACT) is None
-    store.record_fact(gpu_lost.KNOWN_GPUS_FACT, [{"uuid": "GPU-a", "pci_bus_id": "b"}], 1.0)
+    assert store.facts.get(gpu_lost.KNOWN_GPUS_FACT) is None
+    store.facts.put(gpu_lost.KNOWN_GPUS_FACT, [{"uuid": "GPU-a", "pci_bus_id": "b"}], 1.0)
     store.close()
     reopened = Store.open(state)
-    known = gpu_lost.decode_known(reopened.fact(gpu_lost.KNOWN_GPUS_FACT))
+    known = gpu_lost.decode_known(reopened.facts.get(gpu_lost.KNOWN_GPUS_FACT))
     reopened.close()
     assert known == (KnownGpu("GPU-a", "b"),)
 

@@ -190,7 +190,7 @@ def test_over_the_limit_the_quarantine_stands_undrained_journaled_until_the_flee
     fleet.drain(1, 2)
     due = slurm.run_once(0.0)
     assert scontrol.updates() == [] and slurm.findings()[0].code == "fleet_drain_withheld"
-    assert any("held back by fleet safety: 2 of 10" in e.message for e in store.journal())
+    assert any("held back by fleet safety: 2 of 10" in e.message for e in store.journal.entries())
 
     fleet.drain()
     assert due is not None

@@ -270,7 +270,7 @@ def test_dry_run_patches_nothing(api: FakeApiServer, tmp_path: Path, store: Stor
     kube.update(snapshot(NODE_Q))
     kube.run_once(T0)
     assert api.requests == []
-    (entry, conditions) = [e for e in store.journal() if e.kind == "action"]
+    (entry, conditions) = [e for e in store.journal.entries() if e.kind == "action"]
     assert entry.dry_run and "would cordon gpu-node-7" in entry.message
     assert "gpuwatchd.io/node=quarantined" in conditions.message
 

@@ -115,10 +115,12 @@ def test_the_journal_is_pruned_to_its_retention_but_drain_records_are_kept(
     config = Config(daemon=DaemonConfig(journal_retention=86400.0))
     with simulated_daemon("node: {gpus: 1, nvlinks: 1, hcas: 0}\n", tmp_path, config) as sim:
         store, now = sim.daemon.store, sim.clock.now()
-        store.note("note", "node", "old", now - 2 * 86400)
-        store.note(DRAIN_NOTE, "node", "slurm drained n1: gpuwatchd: node x", now - 2 * 86400)
-        store.note("note", "node", "recent", now - 3600)
+        store.journal.note("note", "node", "old", now - 2 * 86400)
+        store.journal.note(
+            DRAIN_NOTE, "node", "slurm drained n1: gpuwatchd: node x", now - 2 * 86400
+        )
+        store.journal.note("note", "node", "recent", now - 3600)
         sim.daemon.step()
-        messages = [e.message for e in store.journal(since=0, limit=100)]
+        messages = [e.message for e in store.journal.entries(since=0, limit=100)]
     assert "old" not in messages
     assert "recent" in messages and "slurm drained n1: gpuwatchd: node x" in messages

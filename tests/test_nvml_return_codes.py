@@ -83,7 +83,7 @@ def _run(sim: SimulatedDaemon, codes: list[int], seed: int) -> tuple[int, set[st
         if poll % 25 == 0:
             assert b"gpuwatchd_gpu_up" in generate_latest(sim.daemon.registry)
     fake.clear_failures()
-    entries = sim.daemon.store.journal(since=0, limit=10_000)
+    entries = sim.daemon.store.journal.entries(since=0, limit=10_000)
     decided = {e.code or "" for e in entries if e.kind == "quarantine" and e.source == "auto"}
     return failed, decided
 

@@ -89,7 +89,7 @@ def test_a_node_quarantine_drains_and_its_release_resumes(
     slurm.run_once(T0 + 10)
     assert scontrol.updates()[-1] == ["update", "NodeName=gpu-node-7", "State=RESUME"]
     assert scontrol.state["state"] == "IDLE" and not slurm.status().drained
-    journal = [e.message for e in store.journal() if e.kind == "action"]
+    journal = [e.message for e in store.journal.entries() if e.kind == "action"]
     assert journal == [
         "slurm: drained gpu-node-7: gpuwatchd: node gpu_quarantine_ratio",
         "slurm: resumed gpu-node-7, drained by gpuwatchd "
@@ -161,7 +161,7 @@ def test_a_hanging_scontrol_is_a_finding_and_is_retried_until_it_works(
     scontrol.set(fail=False)
     assert slurm.run_once(T0 + 120) is None
     assert slurm.findings() == () and scontrol.state["state"] == "IDLE+DRAIN"
-    failures = [e for e in store.journal() if e.kind == "action" and "failed" in e.message]
+    failures = [e for e in store.journal.entries() if e.kind == "action" and "failed" in e.message]
     assert len(failures) == 2  # the timeout and the controller error, each once
 
 
@@ -175,7 +175,7 @@ def test_dry_run_logs_and_journals_what_would_run_and_runs_nothing(
     slurm.update(snapshot())
     slurm.run_once(T0 + 10)
     assert scontrol.calls() == []
-    rehearsed = [e.message for e in store.journal() if e.kind == "action"]
+    rehearsed = [e.message for e in store.journal.entries() if e.kind == "action"]
     assert rehearsed == [
         "slurm: dry run: would run: "
         f"{scontrol.path} update NodeName=gpu-node-7 State=DRAIN "
@@ -183,7 +183,7 @@ def test_dry_run_logs_and_journals_what_would_run_and_runs_nothing(
         f"slurm: dry run: would run: {scontrol.path} update NodeName=gpu-node-7 State=RESUME "
         "(if gpuwatchd drained it)",
     ]
-    assert all(e.dry_run for e in store.journal() if e.kind == "action")
+    assert all(e.dry_run for e in store.journal.entries() if e.kind == "action")
 
 
 def test_fleet_safety_holds_an_automatic_drain_back_but_never_a_manual_one(
@@ -197,7 +197,7 @@ def test_fleet_safety_holds_an_automatic_drain_back_but_never_a_manual_one(
     (finding,) = slurm.findings()
     assert finding.code == "fleet_drain_withheld" and "failing closed" in finding.message
     assert slurm.status().withheld is not None
-    assert any("held back by fleet safety" in e.message for e in store.journal())
+    assert any("held back by fleet safety" in e.message for e in store.journal.entries())
 
     slurm.update(snapshot(MANUAL))
     slurm.run_once(T0 + 1)

@@ -42,13 +42,13 @@ CONFIG = Config(actions=ActionsConfig(node_name="node-7", webhooks=(HOOK,)))
 
 def _read_only(sim: SimulatedDaemon, on: bool) -> None:
     # sqlite's own read-only mode: every write fails as on a read-only mount.
-    sim.daemon.store._db.execute(f"PRAGMA query_only = {int(on)}")
+    sim.daemon.store._database._db.execute(f"PRAGMA query_only = {int(on)}")
 
 
 def _journal(state_dir: Path) -> list[tuple[str, str]]:
     store = Store.open(str(state_dir))
     try:
-        return [(e.kind, e.subject) for e in store.journal(limit=10_000)]
+        return [(e.kind, e.subject) for e in store.journal.entries(limit=10_000)]
     finally:
         store.close()
 
@@ -63,11 +63,11 @@ def test_decisions_made_while_the_database_is_read_only_are_written_with_their_e
         assert not during.state_persisted
         assert {q.subject for q in during.quarantines} == {"gpu:1", "node"}
         assert during.health["gpu:1"] is Health.QUARANTINED
-        assert sim.daemon.store.outbox_counts() == {}
+        assert sim.daemon.store.outbox.counts() == {}
         _read_only(sim, False)
         after = sim.run_until(50)
         assert after.state_persisted
-        counts = sim.daemon.store.outbox_counts()
+        counts = sim.daemon.store.outbox.counts()
         assert counts["ops"].pending >= 3
     journal = _journal(tmp_path / "state")
     assert ("quarantine", "gpu:1") in journal

@@ -28,13 +28,8 @@ from gpuwatchd.model import (
     XidEvent,
 )
 from gpuwatchd.policy import PolicyConfig, PolicyState, evaluate
-from gpuwatchd.store import (
-    SCHEMA_VERSION,
-    StateConflict,
-    Store,
-    StoreError,
-    read_boot_id,
-)
+from gpuwatchd.store import StateConflict, Store, StoreError, read_boot_id
+from gpuwatchd.store.schema import SCHEMA_VERSION
 
 SUBJECTS = ("node", "gpu:0", "gpu:1", "gpu:2", "gpu:3")
 
@@ -112,7 +107,7 @@ def test_manual_quarantine_and_release_are_journaled_with_their_operator(store: 
     assert released is not None and released.reason == "fan replaced"
     assert store.quarantines() == ()
     assert store.release("gpu:2", "bob", T0 + 61) is None
-    entries = store.journal(subject="gpu:2")
+    entries = store.journal.entries(subject="gpu:2")
     assert [(e.kind, e.operator, e.message) for e in entries] == [
         ("quarantine", "alice", "bad fan"),
         ("health_changed", "alice", "new -> quarantined"),
@@ -124,7 +119,7 @@ def test_manual_quarantine_and_release_are_journaled_with_their_operator(store: 
 def test_an_invalid_subject_is_refused_before_anything_is_written(store: Store) -> None:
     with pytest.raises(ValueError, match="not a subject"):
         store.quarantine("gpu3", "typo", "alice", T0)
-    assert store.journal() == ()
+    assert store.journal.entries() == ()
 
 
 def test_a_manual_quarantine_outlives_the_daemon_policy(store: Store) -> None:
@@ -138,7 +133,7 @@ def test_the_journal_is_queryable_by_time_and_subject(store: Store) -> None:
     poll(store, [remap_failure("gpu:3")], T0)
     poll(store, [], T0 + 10)
     store.quarantine("gpu:0", "maintenance", "alice", T0 + 20)
-    gpu3 = store.journal(subject="gpu:3")
+    gpu3 = store.journal.entries(subject="gpu:3")
     assert [(e.kind, e.code) for e in gpu3] == [
         ("finding_raised", "row_remap_failure"),
         ("health_changed", None),
@@ -146,11 +141,14 @@ def test_the_journal_is_queryable_by_time_and_subject(store: Store) -> None:
         ("finding_cleared", "row_remap_failure"),
     ]
     assert gpu3[0].data == {"action": "none", "definitive": True, "evidence": {}}
-    assert [e.kind for e in store.journal(since=T0 + 15)] == ["quarantine", "health_changed"]
-    assert [e.subject for e in store.journal(since=T0 + 15)] == ["gpu:0", "gpu:0"]
-    assert "gpu:0" not in {e.subject for e in store.journal(until=T0 + 15)}
-    assert len(store.journal(until=T0 + 15)) == len(store.journal()) - 2
-    assert len(store.journal(limit=2)) == 2
+    assert [e.kind for e in store.journal.entries(since=T0 + 15)] == [
+        "quarantine",
+        "health_changed",
+    ]
+    assert [e.subject for e in store.journal.entries(since=T0 + 15)] == ["gpu:0", "gpu:0"]
+    assert "gpu:0" not in {e.subject for e in store.journal.entries(until=T0 + 15)}
+    assert len(store.journal.entries(until=T0 + 15)) == len(store.journal.entries()) - 2
+    assert len(store.journal.entries(limit=2)) == 2
 
 
 def test_a_poll_evaluated_before_a_manual_change_cannot_overwrite_it(state_dir: str) -> None:
@@ -158,10 +156,10 @@ def test_a_poll_evaluated_before_a_manual_change_cannot_overwrite_it(state_dir: 
     cli = Store.open(state_dir)
     result = evaluate([], daemon.load_state(), T0, PolicyConfig(), SUBJECTS)
     cli.quarantine("gpu:1", "suspect", "alice", T0 + 1)
-    journal_before = daemon.journal()
+    journal_before = daemon.journal.entries()
     with pytest.raises(StateConflict):
         daemon.save_poll(result, now=T0 + 2)
-    assert daemon.journal() == journal_before
+    assert daemon.journal.entries() == journal_before
     # The daemon reloads and evaluates again; the manual quarantine stands.
     state = poll(daemon, [], T0 + 3)
     assert state.quarantine("gpu:1") is not None
@@ -171,13 +169,13 @@ def test_a_poll_evaluated_before_a_manual_change_cannot_overwrite_it(state_dir: 
 
 def test_boots_are_kept_in_order_with_the_xids_of_each(store: Store) -> None:
     xid = Reading("nvml", T0, gpus=(gpu(2),), xid_events=(XidEvent(2, 48, T0, "GPU-0002"),))
-    store.record_boot("boot-a", T0)
+    store.boots.add("boot-a", T0)
     poll(store, [], T0, (xid,), boot_id="boot-a")
     poll(store, [], T0 + 1, (xid,), boot_id="boot-a")
-    store.record_boot("boot-b", T0 + 100)
-    store.record_boot("boot-c", T0 + 200)
+    store.boots.add("boot-b", T0 + 100)
+    store.boots.add("boot-c", T0 + 200)
     poll(store, [], T0 + 201, (xid,), boot_id="boot-c")
-    record = store.boot_record()
+    record = store.boots.record()
     assert record.boot_ids == ("boot-a", "boot-b", "boot-c")
     assert {(x.boot_id, x.gpu, x.uuid, x.code, x.last_time) for x in record.xids} == {
         ("boot-a", 2, "GPU-0002", 48, T0),
@@ -186,14 +184,14 @@ def test_boots_are_kept_in_order_with_the_xids_of_each(store: Store) -> None:
     assert record.reboots_since_first(2, "GPU-0002", 48, since=T0) == 2
     # XIDs last seen before the escalation window are not counted.
     assert record.reboots_since_first(2, "GPU-0002", 48, since=T0 + 1) == 0
-    assert store.boot_record(boots=2).boot_ids == ("boot-b", "boot-c")
+    assert store.boots.record(boots=2).boot_ids == ("boot-b", "boot-c")
 
 
 def test_a_daemon_restart_within_one_boot_keeps_it_current(store: Store) -> None:
-    store.record_boot("boot-a", T0)
-    store.record_boot("boot-b", T0 + 100)
-    store.record_boot("boot-b", T0 + 500)
-    assert store.boot_record().boot_ids == ("boot-a", "boot-b")
+    store.boots.add("boot-a", T0)
+    store.boots.add("boot-b", T0 + 100)
+    store.boots.add("boot-b", T0 + 500)
+    assert store.boots.record().boot_ids == ("boot-a", "boot-b")
 
 
 def test_the_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
@@ -214,11 +212,11 @@ def test_saved_samples_come_back_as_readings_equal_to_what_was_read(store: Store
     )
     port = PortSample("mlx5_0", 1, state="ACTIVE", counters={"symbol_error": 3})
     poll(store, [], T0, (Reading("nvml", T0, gpus=(sample,)), Reading("ib", T0, ports=(port,))))
-    [reading] = store.last_readings(T0 + 60, max_age=3600)
+    [reading] = store.samples.readings(T0 + 60, max_age=3600)
     assert reading.time == T0
     assert reading.gpus == (sample,)
     assert reading.ports == (port,)
-    assert store.last_readings(T0 + 7200, max_age=3600) == ()
+    assert store.samples.readings(T0 + 7200, max_age=3600) == ()
 
 
 def test_rates_are_right_across_a_restart(state_dir: str) -> None:
@@ -235,7 +233,7 @@ def test_rates_are_right_across_a_restart(state_dir: str) -> None:
     restarted = Store.open(state_dir)
     now = T0 + 300
     history = History(max_age_seconds=3600)
-    for reading in restarted.last_readings(now, max_age=3600):
+    for reading in restarted.samples.readings(now, max_age=3600):
         history.record(reading)
     record(history, now, [after])
     restarted.close()
@@ -360,12 +358,12 @@ def test_sigkill_at_any_moment_loses_no_committed_quarantine(state_dir: str) -> 
 
 def test_facts_learned_about_the_node_are_kept_per_key_across_a_reopen(state_dir: str) -> None:
     store = Store.open(state_dir)
-    store.record_fact("infiniband_ports_seen_active", ["ib:mlx5_0/1"], now=10.0)
-    store.record_fact("infiniband_ports_seen_active", ["ib:mlx5_0/1", "ib:mlx5_1/1"], now=20.0)
+    store.facts.put("infiniband_ports_seen_active", ["ib:mlx5_0/1"], now=10.0)
+    store.facts.put("infiniband_ports_seen_active", ["ib:mlx5_0/1", "ib:mlx5_1/1"], now=20.0)
     store.close()
     reopened = Store.open(state_dir)
-    assert reopened.fact("infiniband_ports_seen_active") == ["ib:mlx5_0/1", "ib:mlx5_1/1"]
-    assert reopened.fact("gpus_at_healthy_start") is None
+    assert reopened.facts.get("infiniband_ports_seen_active") == ["ib:mlx5_0/1", "ib:mlx5_1/1"]
+    assert reopened.facts.get("gpus_at_healthy_start") is None
     reopened.close()
 
 
@@ -382,7 +380,7 @@ def test_a_fatal_aer_error_while_the_daemon_was_down_shows_after_the_restart(
     restarted = Store.open(state_dir)
     now = T0 + 300
     history = History(max_age_seconds=3600)
-    for reading in restarted.last_readings(now, max_age=3600):
+    for reading in restarted.samples.readings(now, max_age=3600):
         history.record(reading)
     restarted.close()
     history.record(Reading("pcie", now, pcie_functions=(function(1),)))

@@ -126,12 +126,12 @@ def test_a_receiver_down_slow_failing_then_up_gets_every_event_once_in_order_sig
     sender = _sender(config, store, clock)
     due = sender.run_once(clock.now())
     assert due is not None and due > clock.now()
-    assert sender.counts.retry == 1 and store.outbox_counts()["ops"].pending == 6
+    assert sender.counts.retry == 1 and store.outbox.counts()["ops"].pending == 6
 
     # The daemon restarts: the outbox, with the head's attempts, survives.
     store.close()
     store = Store.open(str(state_dir))
-    head = store.outbox_head("ops")
+    head = store.outbox.head("ops")
     assert head is not None and head.attempts == 1 and head.last_error
     sender = _sender(config, store, clock)
 
@@ -164,7 +164,7 @@ def test_a_receiver_down_slow_failing_then_up_gets_every_event_once_in_order_sig
     assert all(_verify(r.headers, r.body) for r in hook.received)
     releases = [p for p in hook.payloads() if p["kind"] == "release"]
     assert {p["status"] for p in releases} == {"resolved"}
-    assert store.outbox_counts() == {}
+    assert store.outbox.counts() == {}
     store.close()
 
 
@@ -180,7 +180,7 @@ def test_a_4xx_is_dead_lettered_and_the_queue_moves_on(state_dir: Path, clock: F
         sender.run_once(clock.now())
     # The release resolves an alert this webhook was never sent: not sent either.
     assert hook.received == []
-    counts = store.outbox_counts()["ops"]
+    counts = store.outbox.counts()["ops"]
     assert (counts.pending, counts.dead_letters) == (0, 1)
     ((error, kind),) = _dead_letters(state_dir)
     assert error == "HTTP 400 Bad Request" and kind == "quarantine"
@@ -228,8 +228,8 @@ def test_queues_of_webhooks_no_longer_configured_are_dropped(
 ) -> None:
     store = Store.open(str(state_dir))
     _quarantine_and_release(store, clock, range(2))
-    assert store.outbox_prune(["slack"], clock.now(), keep_dead_letters=86400) == 4
-    assert store.outbox_counts() == {}
+    assert store.outbox.prune(["slack"], clock.now(), keep_dead_letters=86400) == 4
+    assert store.outbox.counts() == {}
     store.close()
 
 

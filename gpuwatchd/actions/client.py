@@ -169,7 +169,7 @@ class Offline:
         none saved yet only `node` and held subjects are taken: unlike a
         starting daemon, nothing here will ever check a guess against the
         hardware, and a phantom GPU's quarantine would count against the node."""
-        readings = self.store.last_readings(time.time(), max_age=math.inf)
+        readings = self.store.samples.readings(time.time(), max_age=math.inf)
         gpus = [gpu for reading in readings for gpu in reading.gpus or ()]
         ports = [port for reading in readings for port in reading.ports or ()]
         subject = resolve_subject(text, gpus)

@@ -105,7 +105,7 @@ class Actions:
 
     def status(self) -> tuple[tuple[WebhookStatus, ...], tuple[SchedulerStatus, ...]]:
         try:
-            counts = self._store.outbox_counts() if self.senders else {}
+            counts = self._store.outbox.counts() if self.senders else {}
         except StoreError as error:
             log.error("%s", error)
             counts = {}
@@ -146,7 +146,7 @@ class Actions:
             return
         self._pruned_at = now
         try:
-            dropped = self._store.outbox_prune(
+            dropped = self._store.outbox.prune(
                 self.webhook_names, now, self.config.dead_letter_retention
             )
         except StoreError as error:

@@ -277,7 +277,7 @@ class SchedulerWorker:
 
     def _note_drain(self, now: float, reason: str) -> None:
         try:
-            self._store.note(DRAIN_NOTE, NODE, self._drain_note(reason), now)
+            self._store.journal.note(DRAIN_NOTE, NODE, self._drain_note(reason), now)
         except StoreError as error:
             log.error("%s", error)
 
@@ -286,7 +286,7 @@ class SchedulerWorker:
         shows (which may add to it, as Slurm's " [user@time]" does)."""
         prefix = self._drain_note("")
         try:
-            notes = self._store.notes(DRAIN_NOTE, prefix)
+            notes = self._store.journal.notes(DRAIN_NOTE, prefix)
         except StoreError as error:
             log.error("%s", error)
             return False
@@ -308,7 +308,7 @@ class SchedulerWorker:
         if code is not None:
             data["code"] = code
         try:
-            self._store.note(
+            self._store.journal.note(
                 "action", NODE, f"{self.backend.name}: {message}", now, dry_run=dry_run, data=data
             )
         except StoreError as error:

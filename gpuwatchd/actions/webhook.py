@@ -495,7 +495,7 @@ class WebhookSender:
 
     def run_once(self, now: float) -> float | None:
         while not self._should_stop():
-            item = self._store.outbox_head(self.config.name)
+            item = self._store.outbox.head(self.config.name)
             if item is None:
                 return None
             if item.next_attempt > now:
@@ -509,10 +509,10 @@ class WebhookSender:
     def _deliver(self, item: OutboxItem, now: float) -> float | None:
         """Try the head once; None when the queue moved on, else when to retry."""
         event = Event.from_json(item.data)
-        held = self._store.open_alert(self.config.name, event.identity)
+        held = self._store.outbox.open_alert(self.config.name, event.identity)
         chosen = route(event, self.config.min_severity, held)
         if chosen is None:
-            self._store.outbox_remove(item)
+            self._store.outbox.remove(item)
             return None
         try:
             body, headers = self._request(item, event, chosen, now)
@@ -552,12 +552,12 @@ class WebhookSender:
         name = self.config.name
         self._count(attempt.result)
         if attempt.result == DELIVERED:
-            self._store.outbox_remove(item, event.identity, chosen.opened)
+            self._store.outbox.remove(item, event.identity, chosen.opened)
             return None
         self.last_error = attempt.error
         if attempt.result == DEAD_LETTER:
             log.error("webhook %s: giving up on event %s: %s", name, item.key, attempt.error)
-            self._store.outbox_dead_letter(item, now, attempt.error or "")
+            self._store.outbox.dead_letter(item, now, attempt.error or "")
             return None
         delay = backoff(item.attempts, self.config, self._rng)
         if attempt.retry_after is not None:
@@ -570,7 +570,7 @@ class WebhookSender:
             item.key,
             delay,
         )
-        self._store.outbox_retry(item, now + delay, attempt.error or "")
+        self._store.outbox.retry(item, now + delay, attempt.error or "")
         return now + delay
 
     def _count(self, result: str) -> None:

@@ -72,9 +72,9 @@ class BurstRunner(Protocol):
 class MismatchLog(Protocol):
     """Where the GPUs' mismatch history persists (the state database)."""
 
-    def canary_mismatches(self, since: float) -> list[dict[str, Any]]: ...
+    def since(self, since: float) -> list[dict[str, Any]]: ...
 
-    def record_canary_mismatches(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
+    def append(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class CanaryAgent:
         self._log = store
         since = self._clock.now() - self._config.history_window
         try:
-            rows = store.canary_mismatches(since)
+            rows = store.since(since)
         except Exception as error:  # an unreadable database: start afresh, say so
             log.warning("cannot read the canary mismatch history: %s", error)
             return
@@ -292,7 +292,7 @@ class CanaryAgent:
         if not new or self._log is None:
             return
         try:
-            self._log.record_canary_mismatches(new)
+            self._log.append(new)
         except Exception as error:  # the database is down: the history stays in memory
             log.warning("cannot keep the canary mismatch history: %s", error)
 

@@ -1,0 +1,72 @@
+"""Policy's state between polls: every subject's health tracking and the
+quarantines in force, with the revision that tells a poll whether an
+operator changed them since it read them (store.StateConflict)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from gpuwatchd.model import Quarantine
+from gpuwatchd.policy import PolicyState, decode_subjects, encode_subjects
+
+
+def load(db: sqlite3.Connection) -> PolicyState:
+    row = db.execute("SELECT revision, subjects FROM policy_state").fetchone()
+    return PolicyState(
+        subjects=decode_subjects(row["subjects"]),
+        quarantines=quarantines(db),
+        revision=row["revision"],
+    )
+
+
+def revision(db: sqlite3.Connection) -> int:
+    number: int = db.execute("SELECT revision FROM policy_state").fetchone()[0]
+    return number
+
+
+def set_revision(db: sqlite3.Connection, number: int) -> None:
+    db.execute("UPDATE policy_state SET revision = ?", (number,))
+
+
+def quarantines(db: sqlite3.Connection) -> tuple[Quarantine, ...]:
+    rows = db.execute("SELECT * FROM quarantines ORDER BY subject").fetchall()
+    return tuple(
+        Quarantine(
+            subject=row["subject"],
+            reason=row["reason"],
+            source=row["source"],
+            since=row["since"],
+            hardware=bool(row["hardware"]),
+            operator=row["operator"],
+            code=row["code"],
+            dry_run=bool(row["dry_run"]),
+        )
+        for row in rows
+    )
+
+
+def write(db: sqlite3.Connection, state: PolicyState) -> bool:
+    """Write what differs from the database; True when anything did."""
+    before = set(quarantines(db))
+    after = set(state.quarantines)
+    for gone in before - after:
+        db.execute("DELETE FROM quarantines WHERE subject = ?", (gone.subject,))
+    for new in after - before:
+        db.execute(
+            "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                new.subject,
+                new.reason,
+                new.source,
+                new.since,
+                int(new.hardware),
+                new.operator,
+                new.code,
+                int(new.dry_run),
+            ),
+        )
+    subjects = encode_subjects(state.subjects)
+    stored = db.execute("SELECT subjects FROM policy_state").fetchone()[0]
+    if subjects != stored:
+        db.execute("UPDATE policy_state SET subjects = ?", (subjects,))
+    return before != after or subjects != stored

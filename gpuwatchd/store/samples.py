@@ -1,0 +1,144 @@
+"""The last sample of every GPU, port and PCIe function, so that rates and
+counter baselines are right across a restart: recorded with every poll,
+replayed into History before the first poll of the next run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import fields
+from typing import Any
+
+from gpuwatchd.model import GpuSample, LinkSample, PcieFunctionSample, PortSample, Reading
+from gpuwatchd.store.database import Database
+
+log = logging.getLogger(__name__)
+
+
+class LastSamples:
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    def readings(self, now: float, max_age: float) -> tuple[Reading, ...]:
+        """The last saved sample of every GPU, port and PCIe function no older than `max_age`,
+        as readings to record into History before the first poll."""
+        with self._database.reading() as db:
+            rows = db.execute(
+                "SELECT kind, time, data FROM last_samples WHERE time >= ? ORDER BY time",
+                (now - max_age,),
+            ).fetchall()
+        gpus: dict[float, list[GpuSample]] = defaultdict(list)
+        ports: dict[float, list[PortSample]] = defaultdict(list)
+        functions: dict[float, list[PcieFunctionSample]] = defaultdict(list)
+        for row in rows:
+            try:
+                data = json.loads(row["data"])
+                if row["kind"] == "gpu":
+                    gpus[row["time"]].append(_decode_gpu(data))
+                elif row["kind"] == "pcie":
+                    functions[row["time"]].append(_decode_pcie(data))
+                else:
+                    ports[row["time"]].append(_decode_port(data))
+            except (ValueError, TypeError, KeyError) as error:
+                # A baseline that no longer decodes (an older model) only costs one rate.
+                log.warning("skipping a saved sample that does not decode: %s", error)
+        return tuple(
+            Reading(
+                source="store",
+                time=time,
+                gpus=tuple(gpus[time]) if time in gpus else None,
+                ports=tuple(ports[time]) if time in ports else None,
+                pcie_functions=tuple(functions[time]) if time in functions else None,
+            )
+            for time in sorted(gpus.keys() | ports.keys() | functions.keys())
+        )
+
+
+def record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
+    readings = tuple(readings)
+    # One statement for all rows of a kind: sqlite prepares it once.
+    db.executemany(
+        "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
+        [
+            (gpu.subject, reading.time, json.dumps(_encode_gpu(gpu)))
+            for reading in readings
+            for gpu in reading.gpus or ()
+        ],
+    )
+    db.executemany(
+        "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
+        [
+            (port.subject, reading.time, json.dumps(_encode_port(port)))
+            for reading in readings
+            for port in reading.ports or ()
+        ],
+    )
+    # The AER counters' baseline: an error while the daemon was down
+    # still shows as growth after it starts.
+    db.executemany(
+        "INSERT OR REPLACE INTO last_samples VALUES (?, 'pcie', ?, ?)",
+        [
+            (f"pcie:{function.address}", reading.time, json.dumps(_encode_pcie(function)))
+            for reading in readings
+            for function in reading.pcie_functions or ()
+        ],
+    )
+
+
+def _encode_gpu(sample: GpuSample) -> dict[str, Any]:
+    """A GpuSample as JSON: mappings with tuple or int keys become lists."""
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(GpuSample)}
+    data["throttle_seconds"] = dict(sample.throttle_seconds)
+    data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
+    data["retired_pages"] = dict(sample.retired_pages)
+    data["nvlinks"] = [
+        {"link": link.link, "up": link.up, "errors": dict(link.errors), "ber": dict(link.ber)}
+        for link in sample.nvlinks
+    ]
+    data["xid_counts"] = [[code, n] for code, n in sample.xid_counts.items()]
+    return data
+
+
+def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
+    known = {f.name for f in fields(GpuSample)}
+    values = {key: value for key, value in data.items() if key in known}
+    values["ecc_errors"] = {(kind, scope): n for kind, scope, n in data.get("ecc_errors", ())}
+    values["nvlinks"] = tuple(
+        LinkSample(
+            gpu=data["index"],
+            link=link["link"],
+            up=link["up"],
+            errors=link["errors"],
+            ber=link.get("ber", {}),
+        )
+        for link in data.get("nvlinks", ())
+    )
+    values["xid_counts"] = {int(code): n for code, n in data.get("xid_counts", ())}
+    return GpuSample(**values)
+
+
+def _encode_port(sample: PortSample) -> dict[str, Any]:
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PortSample)}
+    data["counters"] = dict(sample.counters)
+    data["hw_counters"] = dict(sample.hw_counters)
+    return data
+
+
+def _encode_pcie(sample: PcieFunctionSample) -> dict[str, Any]:
+    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PcieFunctionSample)}
+    data["aer_errors"] = dict(sample.aer_errors)
+    data["aer_causes"] = dict(sample.aer_causes)
+    return data
+
+
+def _decode_pcie(data: Mapping[str, Any]) -> PcieFunctionSample:
+    known = {f.name for f in fields(PcieFunctionSample)}
+    return PcieFunctionSample(**{key: value for key, value in data.items() if key in known})
+
+
+def _decode_port(data: Mapping[str, Any]) -> PortSample:
+    known = {f.name for f in fields(PortSample)}
+    return PortSample(**{key: value for key, value in data.items() if key in known})
