@@ -157,6 +157,7 @@ def build_daemon(
             build_sources(config, clock, uptime=node.uptime(clock)),
             clock,
             before_poll=node.advance,
+            boot_id_path=str(node.boot_id_path),
             canary=build_canary(config, clock, chosen),
         )
     stack.callback(daemon.close)

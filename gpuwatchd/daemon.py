@@ -33,6 +33,7 @@ from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.history import History
+from gpuwatchd.identity import Roster, absent_finding, placed, reconcile, stamp
 from gpuwatchd.model import Decision, Finding, GpuSample, Quarantine, Reading, Severity
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE, PolicyResult, PolicyState, evaluate, observed_subjects
@@ -168,10 +169,17 @@ class Daemon:
             self._write(lambda: self.store.journal.note("state_lost", NODE, lost, now))
         self.boot_id = _boot_id(boot_id_path)
         self._write(lambda: self.store.boots.add(self.boot_id, now))
-        # The last samples of the previous run make the first rates right.
+        # The last samples of the previous run make the first rates right. Its
+        # GPUs' wait for the first poll that says which board is at which
+        # index now (`_place_boards`).
+        self._restored: list[Reading] = []
         for reading in self.store.samples.readings(now, max_age=config.daemon.history):
-            self.history.record(reading)
+            self.history.record(replace(reading, gpus=None))
+            if reading.gpus:
+                self._restored.append(reading)
         self.state: PolicyState = self.store.load_state()
+        # The boards NVML enumerated at the last poll that read them.
+        self._roster = Roster()
         self._known_gpus = self._load_known_gpus()
         # Read at start only: a port forgotten in the database (removed on
         # purpose) is forgotten by the daemon when it restarts.
@@ -296,6 +304,33 @@ class Daemon:
         data = [asdict(gpu) for gpu in learned]
         self._write(lambda: self.store.facts.put(gpu_lost.KNOWN_GPUS_FACT, data, now))
 
+    def _place_boards(self, readings: tuple[Reading, ...]) -> None:
+        """When this poll's GPUs are not those of the last (the first poll, or
+        NVML enumerating anew), put what the database holds of each board
+        where the board is now: the restored samples into History, before
+        this poll's, and the quarantines and health states (identity.py).
+        Holds `_judging`, which guards the state."""
+        gpus = [gpu for reading in readings if reading.error is None for gpu in reading.gpus or ()]
+        roster = Roster.of(gpus)
+        if not roster.boards or roster == self._roster:
+            return
+        self._roster = roster
+        for reading in self._restored:
+            mine = tuple(p for gpu in reading.gpus or () if (p := placed(gpu, roster)))
+            if mine:
+                self.history.record(replace(reading, gpus=mine))
+        self._restored.clear()
+        before = self.state
+        self.state = reconcile(self.state, roster)
+        for held in set(self.state.quarantines) - set(before.quarantines):
+            log.warning(
+                "board %s: its quarantine (%s) is now under %s",
+                held.uuid,
+                held.reason,
+                held.subject,
+                extra={"subject": held.subject},
+            )
+
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boots.record()
         self._learn_gpus(readings, now)
@@ -348,7 +383,10 @@ class Daemon:
         subjects = observed_subjects(self.history)
         self._reopen_if_replaced()
         for _ in range(3):
-            result = evaluate(findings, self.state, now, self.config.policy, subjects)
+            absent = absent_finding(self.state.quarantines)
+            judged = (*findings, absent) if absent is not None else findings
+            result = evaluate(judged, self.state, now, self.config.policy, subjects)
+            result = stamp(result, self._roster)
             events = self.actions.events(result)
             try:
                 self.state = self.store.save_poll(
@@ -410,7 +448,8 @@ class Daemon:
             now = self.clock.now()
             self._reopen_if_replaced()
             events = self.actions.manual_events(operator)
-            decision = self.store.quarantine(subject, reason, operator, now, events)
+            board = self._roster.board_of(subject)
+            decision = self.store.quarantine(subject, reason, operator, now, events, board)
             if decision is not None:
                 _log_decision(decision, operator)
                 self._rejudge(now)
@@ -487,6 +526,8 @@ class Daemon:
         if self.before_poll is not None:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
+        with self._judging:
+            self._place_boards(readings)
         for reading in readings:
             self._log_source_error(reading)
             self.history.record(reading)

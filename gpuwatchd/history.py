@@ -2,7 +2,9 @@
 
 The daemon records each poll's readings here; checks read series out of it
 and never write. Each subject keeps at most `max_samples` samples and nothing
-older than `max_age_seconds`, so memory stays flat however long the daemon runs.
+older than `max_age_seconds`, so memory stays flat however long the daemon
+runs. A GPU's track holds one board: a sample with another UUID at its index
+starts it afresh.
 
 A check that judges a window of a long history asks the subject's Track for
 the window's bounds (a bisection), and for Columns: one counter of the
@@ -52,12 +54,16 @@ class Column(Generic[T]):
     each present value's increment over the previous present one (a reset
     counts the value itself), resets, values at the saturation maximum, and
     present values. Increments that are not whole numbers are kept one by one
-    and summed in order, so every result is the one `counters.increase` gives.
+    and summed in order, so every result is the one `counters.increase` gives
+    (with the same `bits` and `lifetime`).
     """
 
-    def __init__(self, value: Callable[[T], Number | None], bits: int | None) -> None:
+    def __init__(
+        self, value: Callable[[T], Number | None], bits: int | None, lifetime: bool = False
+    ) -> None:
         self._value = value
         self._bits = bits
+        self._lifetime = lifetime
         self.values: list[Number | None] = []
         self._steps: list[Number] = []
         # Running totals up to and including each position. `_whole` adds only
@@ -84,7 +90,7 @@ class Column(Generic[T]):
                 if value >= previous:
                     step = value - previous
                 else:
-                    reset, step = 1, value
+                    reset, step = 1, 0 if self._lifetime else value
         whole, inexact = (step, 0) if isinstance(step, int) and step >= 0 else (0, 1)
         last = len(self.values) - 1
         self.values.append(value)
@@ -284,13 +290,17 @@ class Track(Generic[T]):
         return self.samples[bisect_right(self.times, start) : bisect_right(self.times, end)]
 
     def column(
-        self, key: Hashable, value: Callable[[T], Number | None], bits: int | None = None
+        self,
+        key: Hashable,
+        value: Callable[[T], Number | None],
+        bits: int | None = None,
+        lifetime: bool = False,
     ) -> Column[T]:
         """The column of `value` over the samples, under `key` (one key, one
-        `value`: the first caller's is kept)."""
+        `value`: the first caller's is kept). `lifetime`: see `counters.increase`."""
         column = self._columns.get(key)
         if column is None:
-            column = self._columns[key] = Column(value, bits)
+            column = self._columns[key] = Column(value, bits, lifetime)
         self._sync(column)
         return column
 
@@ -386,7 +396,7 @@ class History:
         self.now = max(self.now, reading.time)
         for gpu in reading.gpus or ():
             track = self._gpus.get(gpu.index)
-            if track is None:
+            if track is None or _another_board(track, gpu):
                 track = self._gpus[gpu.index] = Track(self.max_samples, self._spacing)
             track.append(reading.time, gpu)
         if reading.ports is not None:
@@ -458,6 +468,14 @@ class History:
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]
+
+
+def _another_board(track: Track[GpuSample], sample: GpuSample) -> bool:
+    """Whether `sample` is of another board than the track's (NVML numbered the
+    GPUs anew): a track holds one board, so no window or counter of one board
+    is ever judged with another's samples."""
+    latest = track.latest()
+    return latest is not None and bool(latest.uuid and sample.uuid) and latest.uuid != sample.uuid
 
 
 def series(

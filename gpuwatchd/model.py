@@ -188,6 +188,12 @@ class GpuSample:
     # Whether any call gave a value this poll: a GPU that answers every call
     # with an error (TIMEOUT, say) is up but tells nothing.
     responsive: bool = True
+    # Why a GPU that is not lost gave nothing this poll: the error its handle
+    # or every call answered (None when it answered, or its read hung).
+    unanswered: str | None = None
+    # NVML answered NO_PERMISSION for the GPU's handle: the daemon's user may
+    # not open the GPU's device file (a configuration error, not a fault).
+    no_permission: bool = False
     # Why a GPU that is not lost has no reading this poll: an NVML call on it
     # has not returned within the source's read timeout (it may be stuck in
     # the driver). Its values are absent; it is no evidence of a fault.
@@ -376,10 +382,26 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Board:
+    """A GPU as the hardware it is: its UUID, and where NVML has it now (or had
+    it when last seen). NVML's index order "has no guarantees of consistency
+    between reboots" (nvml.h, nvmlDeviceGetHandleByIndex_v2): the UUID is the
+    identity, the index and bus are for showing it."""
+
+    uuid: str
+    index: int
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Quarantine:
     """A subject taken out of service. `hardware` ones are never auto-released;
     `source` is `auto` or `manual` (manual ones are released only manually).
-    A `dry_run` one records what policy would have done: nothing acts on it."""
+    A `dry_run` one records what policy would have done: nothing acts on it.
+
+    A GPU's (or its NVLink's) quarantine holds the board: its `uuid`, the
+    index it had when last seen (`last_index`) and its PCI bus, so that it
+    follows the board when NVML numbers the GPUs differently (identity.py)."""
 
     subject: str
     reason: str
@@ -389,6 +411,9 @@ class Quarantine:
     operator: str | None = None
     code: str | None = None
     dry_run: bool = False
+    uuid: str | None = None
+    last_index: int | None = None
+    pci_bus_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -402,3 +427,4 @@ class Decision:
     time: float
     dry_run: bool = False
     code: str | None = None
+    uuid: str | None = None  # the board of a GPU's or NVLink's decision

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from gpuwatchd.history import History
-from gpuwatchd.model import Decision, Finding, Health, Quarantine, Severity
+from gpuwatchd.model import Board, Decision, Finding, Health, Quarantine, Severity
 from gpuwatchd.settings import Seconds
 from gpuwatchd.units import format_duration
 
@@ -46,8 +46,13 @@ NODE = "node"
 # The code of a node quarantine that comes from its GPUs' quarantines.
 NODE_SHARE_CODE = "gpu_quarantine_ratio"
 
-SUBJECT_PATTERN = re.compile(r"^(node|gpu:\d+|nvlink:\d+/\d+|ib:[\w.-]+/\d+)$")
+# A GPU's board by its UUID (NVML's `GPU-<hex groups>`): how the subject of a
+# board that is no longer on the node is named (identity.py), so that it never
+# takes the index another board now has.
+BOARD = r"GPU-[0-9A-Fa-f-]{1,64}"
+SUBJECT_PATTERN = re.compile(rf"^(node|gpu:(\d+|{BOARD})|nvlink:(\d+|{BOARD})/\d+|ib:[\w.-]+/\d+)$")
 _GPU_OF = re.compile(r"^(?:gpu:(\d+)|nvlink:(\d+)/\d+)$")
+_ABSENT = re.compile(rf"^(?:gpu:{BOARD}|nvlink:{BOARD}/\d+)$")
 
 FindingKey = tuple[str, str]  # (check, code): one finding per subject and key
 
@@ -96,6 +101,7 @@ class SubjectState:
     last_bad: float | None = None  # last poll with a warn/critical finding
     findings: tuple[tuple[str, str, Severity], ...] = ()  # (check, code, severity) last poll
     acknowledged: tuple[FindingKey, ...] = ()  # active at a manual release
+    uuid: str | None = None  # the board of a GPU or NVLink subject (identity.py)
 
 
 @dataclass(frozen=True)
@@ -172,8 +178,14 @@ def validate_subject(subject: str) -> str:
     return subject
 
 
+def absent(subject: str) -> bool:
+    """Whether the subject is that of a board no longer on the node (`gpu:<UUID>`)."""
+    return _ABSENT.match(subject) is not None
+
+
 def gpu_of(subject: str) -> int | None:
-    """The GPU a `gpu:` or `nvlink:` subject belongs to."""
+    """The GPU index a `gpu:` or `nvlink:` subject belongs to (None for a
+    board no longer on the node)."""
     match = _GPU_OF.match(subject)
     if match is None:
         return None
@@ -221,7 +233,9 @@ def evaluate(
     decisions: list[Decision] = []
     for name, state in tracked.items():
         wanted = _wanted(found.get(name, {}), state, now, config)
-        _apply(name, wanted, _quiet(state, now, config), quarantines, decisions, now, config)
+        # A board no longer on the node gives no evidence that it is well.
+        releasable = not absent(name) and _quiet(state, now, config)
+        _apply(name, wanted, releasable, quarantines, decisions, now, config)
     node = _judge_node(prior, names, found, quarantines, decisions, now, config)
     states, node_health = _settle_all(
         prior, tracked, node, found, quarantines, observed, now, config
@@ -293,12 +307,18 @@ def _settle_all(
 
 
 def quarantine_manually(
-    prior: PolicyState, subject: str, reason: str, operator: str, now: float
+    prior: PolicyState,
+    subject: str,
+    reason: str,
+    operator: str,
+    now: float,
+    board: Board | None = None,
 ) -> ManualResult[Decision | None]:
     """An operator's quarantine; only a manual release ends it. None when the
     subject is already quarantined: the quarantine in force keeps its source,
     reason and start, which say why and since when the part is out. A dry
-    run's quarantine is replaced, since it holds nothing out."""
+    run's quarantine is replaced, since it holds nothing out. `board`: the
+    GPU the subject is (or belongs to) now."""
     validate_subject(subject)
     held = prior.quarantine(subject)
     if held is not None and not held.dry_run:
@@ -311,6 +331,7 @@ def quarantine_manually(
         hardware=False,
         operator=operator,
         code=held.code if held is not None else None,
+        **on_board(board or _board_of(held)),
     )
     state = prior.subject(subject) or SubjectState(subject=subject, since=now)
     new_state = replace(
@@ -320,7 +341,9 @@ def quarantine_manually(
             prior.subjects, _with_health(state, state, Health.QUARANTINED, now)
         ),
     )
-    decision = Decision(QUARANTINE, subject, reason, MANUAL, now, code=quarantine.code)
+    decision = Decision(
+        QUARANTINE, subject, reason, MANUAL, now, code=quarantine.code, uuid=quarantine.uuid
+    )
     return ManualResult(new_state, decision)
 
 
@@ -344,7 +367,8 @@ def release_manually(
         subjects=_replace_subject(prior.subjects, _with_health(state, released, after, now)),
     )
     text = reason or f"released by {operator}"
-    return ManualResult(new_state, Decision(RELEASE, subject, text, MANUAL, now, code=held.code))
+    decision = Decision(RELEASE, subject, text, MANUAL, now, code=held.code, uuid=held.uuid)
+    return ManualResult(new_state, decision)
 
 
 def encode_subjects(subjects: Sequence[SubjectState]) -> str:
@@ -360,6 +384,7 @@ def encode_subjects(subjects: Sequence[SubjectState]) -> str:
                 "last_bad": s.last_bad,
                 "findings": [[check, code, severity.label] for check, code, severity in s.findings],
                 "acknowledged": [list(key) for key in s.acknowledged],
+                "uuid": s.uuid,
             }
             for s in subjects
         ],
@@ -382,6 +407,7 @@ def decode_subjects(text: str) -> tuple[SubjectState, ...]:
                 for check, code, severity in item["findings"]
             ),
             acknowledged=tuple((check, code) for check, code in item["acknowledged"]),
+            uuid=item.get("uuid"),
         )
         for item in raw
     )
@@ -451,15 +477,12 @@ def _wanted(
     definitive = [f for f in critical if f.definitive]
     if definitive:
         return definitive[0]
-    # The driver's own "reset required" and the like need no confirming either.
+    # The driver's own "reset required" and the like need no confirming
+    # either, nor does the node's share of quarantined GPUs (each of those
+    # quarantines was decided already).
     immediate = [f for f in critical if f.immediate]
     if immediate:
         return immediate[0]
-    # The node's share of quarantined GPUs needs no confirming: each of those
-    # quarantines was confirmed already.
-    share = [f for f in critical if f.code == NODE_SHARE_CODE]
-    if share:
-        return share[0]
     confirmed = (
         state.critical_since is not None and now - state.critical_since >= config.confirm_for
     )
@@ -488,7 +511,7 @@ def _apply(
     if wanted is not None:
         if held is not None and (held.hardware or not wanted.definitive):
             return
-        quarantines[subject] = Quarantine(
+        quarantine = Quarantine(
             subject=subject,
             reason=wanted.code,
             source=AUTO,
@@ -496,9 +519,20 @@ def _apply(
             hardware=wanted.definitive,
             code=wanted.code,
             dry_run=config.dry_run,
+            **on_board(_board_of(held)),
         )
+        quarantines[subject] = quarantine
         decisions.append(
-            Decision(QUARANTINE, subject, wanted.message, AUTO, now, config.dry_run, wanted.code)
+            Decision(
+                QUARANTINE,
+                subject,
+                wanted.message,
+                AUTO,
+                now,
+                config.dry_run,
+                wanted.code,
+                quarantine.uuid,
+            )
         )
     elif held is not None and not held.hardware and releasable:
         del quarantines[subject]
@@ -506,7 +540,22 @@ def _apply(
         reason = (
             "its GPUs are back in service" if held.code == NODE_SHARE_CODE else f"quiet for {quiet}"
         )
-        decisions.append(Decision(RELEASE, subject, reason, AUTO, now, config.dry_run, held.code))
+        decisions.append(
+            Decision(RELEASE, subject, reason, AUTO, now, config.dry_run, held.code, held.uuid)
+        )
+
+
+def on_board(board: Board | None) -> dict[str, Any]:
+    """A quarantine's fields that name its board (none without one)."""
+    if board is None:
+        return {}
+    return {"uuid": board.uuid, "last_index": board.index, "pci_bus_id": board.pci_bus_id}
+
+
+def _board_of(held: Quarantine | None) -> Board | None:
+    if held is None or held.uuid is None or held.last_index is None:
+        return None
+    return Board(held.uuid, held.last_index, held.pci_bus_id)
 
 
 def _share_finding(
@@ -524,6 +573,7 @@ def _share_finding(
         severity=Severity.CRITICAL,
         message=f"{len(held)} of {len(gpus)} GPUs quarantined",
         evidence={"quarantined_gpus": len(held), "gpus": len(gpus)},
+        immediate=True,
     )
 
 

@@ -436,9 +436,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "subject must be text such as gpu:3")
         snapshot = self.server.current()
         try:
-            subject = resolve_subject(text, snapshot.gpus)
+            held = control.quarantines()
+            subject = resolve_subject(text, snapshot.gpus, held)
             known = node_subjects(snapshot.gpus, snapshot.ports)
-            check_on_node(subject, known, (q.subject for q in control.quarantines()))
+            check_on_node(subject, known, (q.subject for q in held))
         except ValueError as error:
             raise ApiError(400, str(error)) from error
         return subject

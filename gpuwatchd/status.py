@@ -291,8 +291,10 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("")
         lines.append("quarantines:")
         for q in data["quarantines"]:
+            board = f" [{q['uuid']}]" if q.get("uuid") else ""
             lines.append(
-                f"  {q['subject']}: {q['reason']} ({q['source']}, since {format_time(q['since'])})"
+                f"  {q['subject']}{board}: {q['reason']} "
+                f"({q['source']}, since {format_time(q['since'])})"
             )
     lines.extend(_canary_lines(data))
     lines.extend(_actions_lines(data))
@@ -351,6 +353,7 @@ def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             q["subject"],
+            q.get("uuid") or "-",
             q["source"] + (" (dry run)" if q["dry_run"] else ""),
             format_time(q["since"]),
             q["operator"] or "-",
@@ -359,7 +362,8 @@ def render_quarantines(quarantines: Sequence[Mapping[str, Any]]) -> str:
         ]
         for q in quarantines
     ]
-    return "\n".join(_table(["SUBJECT", "SOURCE", "SINCE", "OPERATOR", "HARDWARE", "REASON"], rows))
+    header = ["SUBJECT", "UUID", "SOURCE", "SINCE", "OPERATOR", "HARDWARE", "REASON"]
+    return "\n".join(_table(header, rows))
 
 
 def _actions_lines(data: Mapping[str, Any]) -> list[str]:

@@ -74,7 +74,9 @@ def simulated_daemon(
     config, node = simulate(config, clock, scenario, state_dir / "sysfs")
     agent = build_canary(config, clock, scenario, run_in_process, InlineExecutor())
     sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
-    daemon = Daemon(config, sources, clock, node.advance, canary=agent)
+    daemon = Daemon(
+        config, sources, clock, node.advance, boot_id_path=str(node.boot_id_path), canary=agent
+    )
     try:
         yield SimulatedDaemon(daemon, clock, node, clock.now())
     finally:

@@ -66,10 +66,16 @@ def test_an_application_xid_is_recorded_but_does_not_condemn_the_gpu() -> None:
     assert not finding.definitive
 
 
-def test_a_gpu_fallen_off_the_bus_is_critical_definitive_and_asks_for_a_reboot() -> None:
+def test_a_gpu_fallen_off_the_bus_drains_at_once_for_the_reboot_nvidia_asks_for() -> None:
     [finding] = xids((2, 79))
-    assert verdict(finding) == ("xid_hardware", Severity.CRITICAL, Action.REBOOT, True)
+    assert verdict(finding) == ("xid_hardware", Severity.CRITICAL, Action.REBOOT, False)
+    assert finding.immediate
     assert finding.evidence["nvidia_immediate"] == "RESTART_BM"
+
+
+def test_a_gpu_fallen_off_the_bus_again_after_two_reboots_is_condemned() -> None:
+    [finding] = xids((3, 79), boots=seen_before(79, 2 * 3600.0, 3600.0))
+    assert verdict(finding) == ("xid_hardware", Severity.CRITICAL, Action.INSPECT_HARDWARE, True)
 
 
 def test_a_contained_memory_error_warns_and_only_the_application_restarts() -> None:
@@ -259,14 +265,17 @@ def test_escalation_follows_the_board_by_uuid_when_indices_shift() -> None:
     assert other.action is Action.REBOOT
 
 
-def test_without_uuids_escalation_matches_by_index() -> None:
+def test_a_gpu_without_a_uuid_never_escalates_on_the_record_of_its_index() -> None:
+    # The board that had index 2 in the earlier boot may not be this one.
     boots = BootRecord(
-        boot_ids=("boot-a", "boot-b", "boot-c"), xids=(BootXid("boot-a", 2, None, 62, NOW - DAY),)
+        boot_ids=("boot-a", "boot-b", "boot-c"),
+        xids=(BootXid("boot-a", 2, "GPU-0002", 62, NOW - DAY),),
     )
     history = History(max_age_seconds=3600.0)
     record(history, NOW, [gpu(2, uuid=None)], [XidEvent(2, 62, NOW)])
     [finding] = xid.run(history, NOW, CONFIG, boots).findings
-    assert finding.action is Action.INSPECT_HARDWARE
+    assert finding.action is Action.RESET_GPU
+    assert not finding.definitive
 
 
 def test_an_application_xid_is_never_escalated() -> None:
@@ -326,8 +335,11 @@ def test_no_row_nvidia_investigates_as_software_or_ignores_escalates() -> None:
             assert not entry.escalates, entry.code
 
 
-def test_only_a_gpu_off_the_bus_and_missing_auxiliary_power_quarantine_at_once() -> None:
-    assert {code for code, entry in CATALOG.items() if entry.definitive} == {54, 79}
+def test_only_missing_auxiliary_power_condemns_at_once_and_only_off_the_bus_drains_at_once() -> (
+    None
+):
+    assert {code for code, entry in CATALOG.items() if entry.definitive} == {54}
+    assert {code for code, entry in CATALOG.items() if entry.drains} == {79}
 
 
 def test_the_xids_that_escalate_are_reset_or_reboot_cured_hardware_faults() -> None:

@@ -181,9 +181,9 @@ def test_boots_are_kept_in_order_with_the_xids_of_each(store: Store) -> None:
         ("boot-a", 2, "GPU-0002", 48, T0),
         ("boot-c", 2, "GPU-0002", 48, T0),
     }
-    assert record.reboots_since_first(2, "GPU-0002", 48, since=T0) == 2
+    assert record.reboots_since_first("GPU-0002", 48, since=T0) == 2
     # XIDs last seen before the escalation window are not counted.
-    assert record.reboots_since_first(2, "GPU-0002", 48, since=T0 + 1) == 0
+    assert record.reboots_since_first("GPU-0002", 48, since=T0 + 1) == 0
     assert store.boots.record(boots=2).boot_ids == ("boot-b", "boot-c")
 
 

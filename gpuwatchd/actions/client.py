@@ -27,7 +27,8 @@ from typing import Any
 from gpuwatchd.actions.dispatch import manual_events, node_name
 from gpuwatchd.actions.manual import check_on_node, node_subjects, resolve_subject
 from gpuwatchd.config import Config
-from gpuwatchd.model import Decision, Quarantine
+from gpuwatchd.identity import Roster
+from gpuwatchd.model import Board, Decision, Quarantine
 from gpuwatchd.policy import NODE
 from gpuwatchd.server import unix_socket_path
 from gpuwatchd.store import LOCK_WAIT_SECONDS, EventsOf, Store
@@ -170,10 +171,18 @@ class Offline:
         starting daemon, nothing here will ever check a guess against the
         hardware, and a phantom GPU's quarantine would count against the node."""
         readings = self.store.samples.readings(time.time(), max_age=math.inf)
-        gpus = [gpu for reading in readings for gpu in reading.gpus or ()]
+        # The GPUs as last seen: of the boards saved for one index, the newest.
+        boards = set(self._roster().boards)
+        gpus = [
+            gpu
+            for reading in readings
+            for gpu in reading.gpus or ()
+            if gpu.uuid and Board(gpu.uuid, gpu.index, gpu.pci_bus_id) in boards
+        ]
         ports = [port for reading in readings for port in reading.ports or ()]
-        subject = resolve_subject(text, gpus)
-        held = {q.subject for q in self.store.quarantines()}
+        quarantines = self.store.quarantines()
+        subject = resolve_subject(text, gpus, quarantines)
+        held = {q.subject for q in quarantines}
         known = node_subjects(gpus, ports)
         if known <= {NODE} and subject not in held | {NODE}:
             raise ValueError(
@@ -185,7 +194,14 @@ class Offline:
         return subject
 
     def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None:
-        return self.store.quarantine(subject, reason, operator, time.time(), self._events(operator))
+        board = self._roster().board_of(subject)
+        events = self._events(operator)
+        return self.store.quarantine(subject, reason, operator, time.time(), events, board)
+
+    def _roster(self) -> Roster:
+        """The boards at their indices as the daemon last saw them: what an
+        operator who types `gpu:3` with the daemon down means."""
+        return Roster(self.store.samples.boards())
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None:
         return self.store.release(subject, operator, time.time(), reason, self._events(operator))

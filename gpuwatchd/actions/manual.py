@@ -7,8 +7,8 @@ import getpass
 import os
 from collections.abc import Iterable
 
-from gpuwatchd.model import GpuSample, PortSample
-from gpuwatchd.policy import NODE, validate_subject
+from gpuwatchd.model import GpuSample, PortSample, Quarantine
+from gpuwatchd.policy import NODE, absent, validate_subject
 from gpuwatchd.text import printable
 
 # A reason becomes a metric label, a Slurm reason and a journal line: one
@@ -16,15 +16,25 @@ from gpuwatchd.text import printable
 MAX_REASON_CHARS = 500
 
 
-def resolve_subject(text: str, gpus: Iterable[GpuSample]) -> str:
+def resolve_subject(
+    text: str, gpus: Iterable[GpuSample], quarantines: Iterable[Quarantine] = ()
+) -> str:
     """A subject as policy names it: `gpu:<UUID>` becomes `gpu:<index>` by the
-    GPUs given; anything else must already be a subject."""
+    GPUs given, or the subject of a quarantined board no longer on the node
+    (`gpu:<UUID>`); anything else must already be a subject."""
     text = text.strip()
     if text.startswith("gpu:") and not text[4:].isdigit():
         uuid = text[4:].lower()
+
+        def named(board: str | None) -> bool:
+            return board is not None and uuid in (board.lower(), f"gpu-{board.lower()}")
+
         for gpu in gpus:
-            if gpu.uuid is not None and uuid in (gpu.uuid.lower(), f"gpu-{gpu.uuid.lower()}"):
+            if named(gpu.uuid):
                 return gpu.subject
+        for held in quarantines:
+            if named(held.uuid) and absent(held.subject):
+                return held.subject
         raise ValueError(f"no GPU with UUID {text[4:]} on this node")
     return validate_subject(text)
 

@@ -63,13 +63,19 @@ class XidConfig:
             )
 
 
+# "GPU has fallen off the bus": what the driver logs when NVML reports the
+# GPU lost (GPU_IS_LOST), and how the boot record counts a lost GPU.
+FALLEN_OFF_BUS = 79
+
+
 @dataclass(frozen=True)
 class BootXid:
-    """An XID seen on a GPU during one boot, last at `last_time`."""
+    """An XID seen on a board during one boot, last at `last_time` (at index
+    `gpu` then, for showing it)."""
 
     boot_id: str
     gpu: int
-    uuid: str | None
+    uuid: str
     code: int
     last_time: float
 
@@ -81,27 +87,22 @@ class BootRecord:
     boot_ids: tuple[str, ...] = ()
     xids: tuple[BootXid, ...] = ()
 
-    def reboots_since_first(self, gpu: int, uuid: str | None, code: int, since: float) -> int:
-        """Reboots since the first boot in which this GPU raised this XID at
-        `since` or later."""
+    def reboots_since_first(self, uuid: str | None, code: int, since: float) -> int:
+        """Reboots since the first boot in which the board `uuid` raised this
+        XID at `since` or later; 0 for a GPU whose UUID is not known (it
+        cannot be told from the board that had its index before)."""
+        if uuid is None:
+            return 0
         position = {boot: number for number, boot in enumerate(self.boot_ids)}
         firsts = [
             position[seen.boot_id]
             for seen in self.xids
             if seen.code == code
+            and seen.uuid == uuid
             and seen.last_time >= since
             and seen.boot_id in position
-            and _same_gpu(seen, gpu, uuid)
         ]
         return len(self.boot_ids) - 1 - min(firsts) if firsts else 0
-
-
-def _same_gpu(seen: BootXid, gpu: int, uuid: str | None) -> bool:
-    # The UUID follows the board when indices shift (a GPU missing after a
-    # reboot renumbers the ones after it); the index is the fallback.
-    if seen.uuid and uuid:
-        return seen.uuid == uuid
-    return seen.gpu == gpu
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def run(
     for gpu, events in sorted(by_gpu.items()):
         uuid = _uuid(history, events)
         judged = [
-            _judge(code, count, gpu, uuid, record, now, config)
+            _judge(code, count, uuid, record, now, config)
             for code, count in sorted(_counts(events).items())
         ]
         for code, members in _categorise(judged).items():
@@ -154,14 +155,13 @@ def _counts(events: Sequence[XidEvent]) -> dict[int, int]:
 def _judge(
     code: int,
     count: int,
-    gpu: int,
     uuid: str | None,
     record: BootRecord,
     now: float,
     config: XidConfig,
 ) -> _Judged:
     info = lookup(code)
-    reboots = record.reboots_since_first(gpu, uuid, code, since=now - config.reboot_window)
+    reboots = record.reboots_since_first(uuid, code, since=now - config.reboot_window)
     if info.escalates and reboots >= config.reboots_before_inspection:
         return _Judged(info, count, Severity.CRITICAL, Action.INSPECT_HARDWARE, True, reboots)
     return _Judged(info, count, info.severity, info.action, info.definitive, reboots)
@@ -202,4 +202,5 @@ def _finding(gpu: int, code: str, members: Sequence[_Judged], config: XidConfig)
         action=max((m.action for m in members), key=ACTION_ORDER.index),
         evidence=evidence,
         definitive=any(m.definitive and m.severity is Severity.CRITICAL for m in members),
+        immediate=any(m.info.drains and m.severity is Severity.CRITICAL for m in members),
     )

@@ -96,7 +96,13 @@ class _Member:
             sources = build_sources(self.config, clock, xid_thread=False)
         finally:
             self.hardware.uninstall()
-        self.daemon = Daemon(self.config, sources, clock, before_poll=self.hardware.advance)
+        self.daemon = Daemon(
+            self.config,
+            sources,
+            clock,
+            before_poll=self.hardware.advance,
+            boot_id_path=str(self.hardware.boot_id_path),
+        )
         stack.callback(self._close)
         self.body = b""
 

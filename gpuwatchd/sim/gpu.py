@@ -532,6 +532,16 @@ class _GpuModel:
                     f"{fault.kind} at {fault.at:g}s: GPU {gpu.index} ({gpu.spec.name}) has "
                     f"{gpu.nvlinks} NVLinks, no link {fault.link}"
                 )
+            if fault.kind == "row_remap_exhausted" and not gpu.spec.remaps_rows:
+                raise ValueError(
+                    f"{fault.kind} at {fault.at:g}s: GPU {gpu.index} ({gpu.spec.name}) retires "
+                    "pages; it has no row remapper"
+                )
+            if (fault.bank or 0) >= gpu.spec.memory_banks:
+                raise ValueError(
+                    f"{fault.kind} at {fault.at:g}s: GPU {gpu.index} ({gpu.spec.name}) has "
+                    f"{gpu.spec.memory_banks} memory banks, no bank {fault.bank}"
+                )
         self._start = self._own_state_at(0.0)
 
     def _of(self, kind: str, link: int | None = None) -> tuple[Fault, ...]:
@@ -711,8 +721,9 @@ class _GpuModel:
         uncorrectable_repairs = _count(uncorrectable, t)
         if self.gpu.spec.remaps_rows:
             failed = _any_active(self._of("row_remap_failure"), t)
-            # A remap fails when the row's bank has no spare row left.
-            exhausted = int(failed)
+            # A remap fails when the row's bank (bank 0, say) has no spare row left.
+            out = {f.bank or 0 for f in self._of("row_remap_exhausted") if f.active(t)}
+            exhausted = len(out | ({0} if failed else set()))
             banks = dict.fromkeys(ROW_REMAPPER_BUCKETS, 0) | {
                 "max": self.gpu.spec.memory_banks - exhausted,
                 "none": exhausted,
@@ -757,6 +768,10 @@ def _pci_bus_id(index: int) -> str:
     return f"00000000:{bus:02X}:00.0"
 
 
+def _board_uuid(rng: random.Random) -> str:
+    return f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}"
+
+
 def _scenario_gpus(scenario: Scenario) -> tuple[SimulatedGpu, ...]:
     spec = spec_for(scenario.node.model)
     rng = random.Random(f"{scenario.seed}/node")
@@ -765,11 +780,23 @@ def _scenario_gpus(scenario: Scenario) -> tuple[SimulatedGpu, ...]:
         SimulatedGpu(
             index=index,
             spec=spec,
-            uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
+            uuid=_board_uuid(rng),
             pci_bus_id=_pci_bus_id(index),
             nvlinks=links,
         )
         for index in range(scenario.node.gpus)
+    )
+
+
+def _replaced(gpus: tuple[SimulatedGpu, ...], scenario: Scenario) -> tuple[SimulatedGpu, ...]:
+    """The node's GPUs with another board in each slot a `gpu_replaced` names
+    (its UUID drawn apart, so the other boards keep theirs)."""
+    slots = {fault.gpu for fault in scenario.faults_of("gpu_replaced")}
+    return tuple(
+        replace(gpu, uuid=_board_uuid(random.Random(f"{scenario.seed}/replaced/{gpu.index}")))
+        if gpu.index in slots
+        else gpu
+        for gpu in gpus
     )
 
 
@@ -788,6 +815,8 @@ _GPU_FAULT_KINDS = frozenset(
         "ecc_uncorrectable",
         "row_remap_pending",
         "row_remap_failure",
+        "row_remap_exhausted",
+        "gpu_replaced",
         "xid",
         "gpu_lost",
         "nvml_error",
@@ -829,7 +858,7 @@ class SimulatedGpus:
         """`gpus`: the static facts of each GPU, where they do not come from
         `scenario.node` (a captured node's)."""
         self.start = start
-        self.gpus = gpus if gpus is not None else _scenario_gpus(scenario)
+        self.gpus = _replaced(gpus if gpus is not None else _scenario_gpus(scenario), scenario)
         faults = tuple(f for f in scenario.faults if f.kind in _GPU_FAULT_KINDS)
         self._models = tuple(
             # A fault without a GPU (clocks_locked) is on every GPU.

@@ -10,6 +10,7 @@ InfiniBand tree from the capture (`gpuwatchd.sim.replay`).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,8 +52,11 @@ class SimulatedNode:
             self.gpus = SimulatedGpus(scenario, start, self.captured.gpus())
             self.nvml = self.captured.fake(self.gpus, max_event_wait_seconds)
             self.fabric = self.captured.fabric(sysfs_root)
-        # Beside the sysfs tree: the kernel log the NVML source reads XIDs from.
+        # Beside the sysfs tree: the kernel log the NVML source reads XIDs from,
+        # and this boot's id (a node made anew is booted anew).
         self.kernel_log = SimulatedKernelLog(scenario, self.gpus, Path(sysfs_root) / "kmsg")
+        self.boot_id_path = Path(sysfs_root) / "boot_id"
+        self.boot_id_path.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
 
     def advance(self, now: float) -> None:
         """Move the hardware to wall time `now` (called before every poll)."""

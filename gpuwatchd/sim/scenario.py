@@ -24,6 +24,11 @@ the driver's GPU recovery action (`gpu_reset`, `node_reboot`, `drain_p2p`,
 `node: {capture: FILE}` runs on a node captured by `gpuwatchd capture` (a
 relative FILE is found beside the scenario file): its shape is the capture's,
 and the faults are checked against it (docs/capture.md).
+
+Every run of a scenario is a boot of its node: the boards are the seed's (so
+a run on the state directory of an earlier run with the same seed is the
+next boot of the same node, its GPUs keeping their UUIDs), and the node gets
+a boot id of its own (`gpu_replaced` puts another board in a slot).
 """
 
 from __future__ import annotations
@@ -66,6 +71,12 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "ecc_uncorrectable": (frozenset({"gpu"}), frozenset({"code"})),
     "row_remap_pending": (frozenset({"gpu"}), frozenset()),
     "row_remap_failure": (frozenset({"gpu"}), frozenset()),
+    # One memory bank (`bank`, 0 without it) with no spare rows left: the
+    # row remapper's histogram counts it under "none" (Ampere and newer).
+    "row_remap_exhausted": (frozenset({"gpu"}), frozenset({"bank"})),
+    # The board at this index is another one than the seed's (an RMA): a new
+    # UUID, from boot, in the same slot (the same PCI bus).
+    "gpu_replaced": (frozenset({"gpu"}), frozenset()),
     "xid": (frozenset({"gpu", "code"}), frozenset()),
     # An XID the driver logged `ago` (60s) before the daemon started: in the
     # kernel log only, since NVML replays nothing from before its registration.
@@ -101,7 +112,7 @@ COMMON_FIELDS = frozenset({"at", "kind", "for"})
 # these and the application clocks).
 CONFIG_SETTINGS = ("vbios_version", "ecc_mode", "persistence_mode", "mig_mode", "power_limit")
 # Kinds that describe the node as it booted: they must start at 0s.
-FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid"})
+FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid", "gpu_replaced"})
 
 # NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
 NVML_ERRORS: Mapping[int, str] = {
@@ -173,6 +184,7 @@ class Fault:
     ago: float | None = None  # kernel_xid: seconds before the start it was logged
     setting: str | None = None  # config_drift: one of CONFIG_SETTINGS
     value: str | None = None  # config_drift: what the setting reads (text)
+    bank: int | None = None  # row_remap_exhausted: the memory bank
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -317,6 +329,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         ago=ago,
         setting=_require_text(raw["setting"], "setting", label) if "setting" in raw else None,
         value=str(raw["value"]) if "value" in raw else None,
+        bank=_require_int(raw["bank"], "bank", label) if "bank" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -378,6 +391,8 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: code must be an XID number, got {fault.code}")
     if fault.ago is not None and not 0 < fault.ago < 3000:
         raise ScenarioError(f"{label}: ago must be more than 0s and under 50m, got {fault.ago:g}s")
+    if fault.bank is not None and not 0 <= fault.bank < 65536:
+        raise ScenarioError(f"{label}: bank must be a memory bank's number, got {fault.bank}")
     if fault.mhz is not None and not 0 < fault.mhz < 10000:
         raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:

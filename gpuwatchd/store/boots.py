@@ -1,5 +1,13 @@
-"""The boots the node has seen and the XIDs of each, by which an XID that
-comes back after reboots escalates (checks/xid.py)."""
+"""The boots the node has seen and what each GPU suffered in each: its XIDs,
+by which an XID that comes back after reboots escalates (checks/xid.py).
+
+Rows are keyed by the board (its UUID), never the index, which a reboot can
+renumber; an XID of a GPU whose UUID is not known is not recorded, since it
+could not be told apart from another board's. A GPU that NVML reports lost
+(GPU_IS_LOST) is recorded as XID 79, "GPU has fallen off the bus", which is
+what the driver logs for it: so a board lost in boot after boot escalates
+whichever of the two the driver gave.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ import re
 import sqlite3
 from collections.abc import Iterable
 
-from gpuwatchd.checks.xid import BootRecord, BootXid
+from gpuwatchd.checks.xid import FALLEN_OFF_BUS, BootRecord, BootXid
 from gpuwatchd.model import Reading
 from gpuwatchd.store.database import Database
 
@@ -59,18 +67,35 @@ class Boots:
 def record_xids(
     db: sqlite3.Connection, boot_id: str, readings: Iterable[Reading], now: float
 ) -> None:
-    """The readings' XID events under `boot_id` (the boot made known if new)."""
+    """The readings' XID events and lost GPUs under `boot_id` (the boot made
+    known if new)."""
     db.execute("INSERT OR IGNORE INTO boots (boot_id, first_seen) VALUES (?, ?)", (boot_id, now))
     for reading in readings:
-        for event in reading.xid_events:
-            db.execute(
-                """
-                INSERT INTO boot_xids (boot_id, gpu, code, uuid, first_time, last_time, count)
-                VALUES (?, ?, ?, ?, ?, ?, 1)
-                ON CONFLICT (boot_id, gpu, code) DO UPDATE SET
-                    last_time = MAX(last_time, excluded.last_time),
-                    count = count + 1,
-                    uuid = COALESCE(excluded.uuid, uuid)
-                """,
-                (boot_id, event.gpu, event.code, event.uuid, event.time, event.time),
-            )
+        db.executemany(
+            """
+            INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
+            VALUES (?, ?, ?, ?, ?, ?, 1)
+            ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
+                last_time = MAX(last_time, excluded.last_time),
+                count = count + 1,
+                gpu = excluded.gpu
+            """,
+            [
+                (boot_id, event.uuid, event.code, event.gpu, event.time, event.time)
+                for event in reading.xid_events
+                if event.uuid
+            ],
+        )
+        db.executemany(
+            """
+            INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
+            VALUES (?, ?, ?, ?, ?, ?, 1)
+            ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
+                last_time = MAX(last_time, excluded.last_time)
+            """,
+            [
+                (boot_id, gpu.uuid, FALLEN_OFF_BUS, gpu.index, reading.time, reading.time)
+                for gpu in reading.gpus or ()
+                if not gpu.up and gpu.uuid
+            ],
+        )

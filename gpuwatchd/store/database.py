@@ -182,7 +182,11 @@ class Database:
             )
         with self.writing() as db:
             for number in range(version, SCHEMA_VERSION):
-                for statement in _statements(MIGRATIONS[number]):
+                migration = MIGRATIONS[number]
+                if callable(migration):
+                    migration(db)
+                    continue
+                for statement in _statements(migration):
                     db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -187,6 +187,7 @@ def journal_decision(db: sqlite3.Connection, decision: Decision, operator: str |
         source=decision.source,
         operator=operator,
         dry_run=decision.dry_run,
+        data={"uuid": decision.uuid} if decision.uuid else None,
     )
 
 

@@ -40,6 +40,9 @@ def quarantines(db: sqlite3.Connection) -> tuple[Quarantine, ...]:
             operator=row["operator"],
             code=row["code"],
             dry_run=bool(row["dry_run"]),
+            uuid=row["uuid"],
+            last_index=row["last_index"],
+            pci_bus_id=row["pci_bus_id"],
         )
         for row in rows
     )
@@ -53,7 +56,9 @@ def write(db: sqlite3.Connection, state: PolicyState) -> bool:
         db.execute("DELETE FROM quarantines WHERE subject = ?", (gone.subject,))
     for new in after - before:
         db.execute(
-            "INSERT OR REPLACE INTO quarantines VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO quarantines (subject, reason, source, since, hardware,"
+            " operator, code, dry_run, uuid, last_index, pci_bus_id)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 new.subject,
                 new.reason,
@@ -63,6 +68,9 @@ def write(db: sqlite3.Connection, state: PolicyState) -> bool:
                 new.operator,
                 new.code,
                 int(new.dry_run),
+                new.uuid,
+                new.last_index,
+                new.pci_bus_id,
             ),
         )
     subjects = encode_subjects(state.subjects)

@@ -1,6 +1,13 @@
 """The last sample of every GPU, port and PCIe function, so that rates and
 counter baselines are right across a restart: recorded with every poll,
-replayed into History before the first poll of the next run."""
+replayed into History before the first poll of the next run.
+
+A GPU's sample is kept under its board's UUID (a GPU without one has none
+kept): the next run gives it to the GPU that has that UUID then, at whatever
+index (identity.py), and to no other. The newest samples also say which
+board was at which index when they were taken, which is how the CLI resolves
+`gpu:<index>` with the daemon down (`boards`).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from gpuwatchd.model import GpuSample, LinkSample, PcieFunctionSample, PortSample, Reading
+from gpuwatchd.model import (
+    Board,
+    GpuSample,
+    LinkSample,
+    PcieFunctionSample,
+    PortSample,
+    Reading,
+)
 from gpuwatchd.store.database import Database
 
 log = logging.getLogger(__name__)
@@ -56,6 +70,19 @@ class LastSamples:
             for time in sorted(gpus.keys() | ports.keys() | functions.keys())
         )
 
+    def boards(self) -> tuple[Board, ...]:
+        """The board last seen at each index, by the newest saved samples."""
+        with self._database.reading() as db:
+            rows = db.execute(
+                "SELECT subject, data FROM last_samples WHERE kind = 'gpu' ORDER BY time"
+            ).fetchall()
+        at: dict[int, Board] = {}
+        for row in rows:
+            data = json.loads(row["data"])
+            if isinstance(data, dict) and isinstance(data.get("index"), int):
+                at[data["index"]] = Board(row["subject"], data["index"], data.get("pci_bus_id"))
+        return tuple(at[index] for index in sorted(at))
+
 
 def record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
     readings = tuple(readings)
@@ -63,9 +90,10 @@ def record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
     db.executemany(
         "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
         [
-            (gpu.subject, reading.time, json.dumps(_encode_gpu(gpu)))
+            (gpu.uuid, reading.time, json.dumps(_encode_gpu(gpu)))
             for reading in readings
             for gpu in reading.gpus or ()
+            if gpu.uuid
         ],
     )
     db.executemany(

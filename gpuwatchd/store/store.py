@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpuwatchd.model import Decision, Quarantine, Reading
+from gpuwatchd.model import Board, Decision, Quarantine, Reading
 from gpuwatchd.policy import (
     D,
     ManualResult,
@@ -174,12 +174,14 @@ class Store:
         operator: str,
         now: float,
         events: EventsOf | None = None,
+        board: Board | None = None,
     ) -> Decision | None:
         """Quarantine a subject by hand (the CLI, with or without the daemon);
-        `events` gives the webhook events of the decision, written with it.
-        None when it is already quarantined (nothing is changed)."""
+        `events` gives the webhook events of the decision, written with it;
+        `board`: the GPU the subject is, or is on, now. None when it is
+        already quarantined (nothing is changed)."""
         return self._manual(
-            lambda state: quarantine_manually(state, subject, reason, operator, now),
+            lambda state: quarantine_manually(state, subject, reason, operator, now, board),
             operator,
             events,
         )
