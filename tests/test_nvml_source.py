@@ -12,7 +12,7 @@ from nvml_support import A100, B200, H100, V100, SimulatedNode, simulated_node
 
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.model import CLOCKS_EVENT_REASONS, THROTTLE_REASONS, GpuSample
-from gpuwatchd.sim.fake_nvml import DEFAULT_DRIVER_VERSION, R580_DRIVER_VERSION
+from gpuwatchd.sim.fake_nvml import DEFAULT_DRIVER_VERSION, R580_DRIVER_VERSION, FakeNvml
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 from gpuwatchd.sources.nvml import NvmlSource
 
@@ -285,17 +285,54 @@ def test_gpu_lost_mid_run_others_keep_reporting() -> None:
         assert back.xid_counts == {79: 1}
 
 
-def test_gpu_answering_unknown_error_on_every_call_is_reported_lost() -> None:
+def test_gpu_answering_unknown_error_on_every_call_is_unanswered_not_lost() -> None:
+    # Only GPU_IS_LOST, or XID 79 on the GPU, says a GPU fell off the bus
+    # (nvml.h); UNKNOWN is "any unexpected error".
     with simulated_node() as node:
         node.fake.fail(pynvml.NVML_ERROR_UNKNOWN, gpu=0)
         reading = node.poll_at(10)
         assert reading.gpus is not None
-        assert reading.gpus[0].up is False and reading.gpus[0].uuid is not None
-        assert reading.gpus[1].up is True
+        unanswered = reading.gpus[0]
+        assert (unanswered.up, unanswered.responsive) == (True, False)
+        assert unanswered.uuid is not None
+        assert unanswered.unanswered == "Unknown Error from every call"
+        assert reading.gpus[1].responsive is True
         node.fake.clear_failures()
         back = node.gpu_at(20)
-        assert back.up is True
+        assert (back.up, back.responsive, back.unanswered) == (True, True, None)
         assert len(back.nvlinks) == 18  # links probed while it failed are probed again
+
+
+def test_gpu_answering_unknown_error_after_xid_79_is_lost() -> None:
+    with simulated_node("[{at: 5s, kind: xid, gpu: 0, code: 79}]") as node:
+        node.fake.fail(pynvml.NVML_ERROR_UNKNOWN, gpu=0)
+        lost = node.gpu_at(10)
+        assert lost.up is False and lost.xid_counts == {79: 1}
+
+
+def test_a_handle_that_fails_with_anything_but_gpu_is_lost_is_asked_again() -> None:
+    def refuse_handle(fake: FakeNvml) -> None:
+        fake.fail(pynvml.NVML_ERROR_IRQ_ISSUE, "nvmlDeviceGetHandleByIndex_v2", args=(0,))
+
+    with simulated_node(before_start=refuse_handle) as node:
+        first = node.gpu_at(10)
+        assert (first.up, first.responsive, first.uuid) == (True, False, None)
+        assert first.unanswered == "nvmlDeviceGetHandleByIndex: Interrupt Request Issue"
+        assert first.no_permission is False
+        node.fake.clear_failures()
+        back = node.gpu_at(20)
+        assert back.responsive and back.uuid is not None
+        # Registered for XIDs once it has a handle.
+        assert node.gpu_at(30).xid_events_received is True
+
+
+def test_a_handle_refused_with_no_permission_is_said_so() -> None:
+    def refuse_handle(fake: FakeNvml) -> None:
+        fake.fail(pynvml.NVML_ERROR_NO_PERMISSION, "nvmlDeviceGetHandleByIndex_v2", args=(1,))
+
+    with simulated_node(before_start=refuse_handle) as node:
+        refused = node.gpu_at(10, index=1)
+        assert (refused.up, refused.responsive, refused.no_permission) == (True, False, True)
 
 
 def test_unknown_error_on_one_call_leaves_only_that_value_absent() -> None:

@@ -1,20 +1,28 @@
 """GPU-lost check: a GPU that fell off the bus or is missing, and what that
 means for the node.
 
-Reads the latest sample of every GPU; `up` is False for a GPU NVML reports as
-lost. That GPU is critical and definitive (it will not come back without a
-reboot, XID 79's remedy), and so is the node, since a reboot takes every GPU
-of it. A GPU that answers again clears the finding; its quarantine stays
-until an operator releases it.
+Reads the latest sample of every GPU and the boot record; `up` is False for a
+GPU the driver reports as fallen off the bus (GPU_IS_LOST, or XID 79 in the
+kernel log: sources/nvml.py). That GPU is critical and drained at once
+(`immediate`), and so is the node, since the reboot that brings it back (XID
+79's remedy in NVIDIA's catalog: RESTART_BM) takes every GPU of it. Once the
+board answers again, after the reboot, and has stayed quiet for policy's
+`release_after`, both are released. As NVIDIA's catalog has it (support only
+if it repeats) and as other hardware XIDs escalate (checks/xid.py), a board
+that falls off the bus again after `reboots_before_inspection` reboots within
+`reboot_window` is definitive: condemned, `inspect_hardware`.
 
-Three GPUs that are not lost but cannot be watched are said too: one that is
-up but gave no value in the latest poll (every call answered an error such as
-TIMEOUT) is critical once that has held for policy's `confirm_for`, since no
-fault on it could be seen; one whose read hung (an NVML call that did not
-return within the source's read timeout) warns, since a hang alone is no
-evidence of a fault; one whose XID events are not being received (the
-event wait keeps failing) warns, since faults the driver announces would be
-missed.
+Four GPUs that are not lost but cannot be watched are said too: one that is
+up but gave no value in the latest poll (no handle, or every call answered
+an error such as TIMEOUT or UNKNOWN) is `gpu_unresponsive`, critical once that
+has held for policy's `confirm_for`, since no fault on it could be seen, and
+released once it answers and stays quiet; one whose handle NVML refuses with
+NO_PERMISSION is a configuration error of the node, `nvml_no_permission`, a
+warning naming the GPUs and what the daemon's user lacks; one whose read hung
+(an NVML call that did not return within the source's read timeout) warns,
+since a hang alone is no evidence of a fault; one whose XID events are not
+being received (the event wait keeps failing) warns, since faults the driver
+announces would be missed.
 
 A node on which NVML enumerates fewer GPUs than expected (`expected_gpus`,
 or the GPUs of its first healthy start, which the daemon records in the
@@ -31,8 +39,10 @@ from typing import Any
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import NODE, gpu_subject
+from gpuwatchd.checks.xid import FALLEN_OFF_BUS, BootRecord, XidConfig
 from gpuwatchd.history import History
 from gpuwatchd.model import Action, Finding, GpuSample, Severity
+from gpuwatchd.units import format_duration
 
 NAME = "gpu_lost"
 
@@ -92,26 +102,19 @@ def decode_known(data: Any) -> tuple[KnownGpu, ...]:
 
 
 def run(
-    history: History, now: float, config: GpuLostConfig, known: Sequence[KnownGpu] = ()
+    history: History,
+    now: float,
+    config: GpuLostConfig,
+    known: Sequence[KnownGpu] = (),
+    boots: BootRecord | None = None,
+    xid: XidConfig | None = None,
 ) -> CheckOutput:
-    lost = [
-        sample
-        for index in history.gpu_indices()
-        if (sample := history.latest_gpu(index)) is not None and not sample.up
-    ]
-    findings = [
-        Finding(
-            subject=gpu_subject(sample.index),
-            check=NAME,
-            code="gpu_lost",
-            severity=Severity.CRITICAL,
-            message=f"GPU {sample.index} is lost: it no longer answers on the bus",
-            action=Action.REBOOT,
-            evidence={"uuid": sample.uuid} if sample.uuid else {},
-            definitive=True,
-        )
-        for sample in lost
-    ]
+    """`boots` and `xid` (its reboot_window and reboots_before_inspection) say
+    whether a lost board was lost in earlier boots too."""
+    record, escalation = boots or BootRecord(), xid or XidConfig()
+    samples = [s for index in history.gpu_indices() if (s := history.latest_gpu(index))]
+    lost = [sample for sample in samples if not sample.up]
+    findings = [_lost(sample, record, now, escalation) for sample in lost]
     if lost and config.node_finding:
         gpus = ",".join(str(sample.index) for sample in lost)
         findings.append(
@@ -123,15 +126,47 @@ def run(
                 message=f"GPU(s) {gpus} lost: the node needs a reboot",
                 action=Action.REBOOT,
                 evidence={"gpus": gpus},
-                definitive=True,
+                immediate=True,
             )
         )
     findings.extend(_missing(history, config, known))
-    for index in history.gpu_indices():
-        sample = history.latest_gpu(index)
-        if sample is not None and sample.up:
+    for sample in samples:
+        if sample.up:
             findings.extend(_unwatched(sample))
+    findings.extend(_no_permission([sample for sample in samples if sample.no_permission]))
     return CheckOutput(findings=tuple(findings))
+
+
+def _lost(sample: GpuSample, boots: BootRecord, now: float, xid: XidConfig) -> Finding:
+    """A lost GPU: drained at once, condemned when it was lost (or logged XID
+    79) in `reboots_before_inspection` earlier boots within `reboot_window`."""
+    reboots = boots.reboots_since_first(sample.uuid, FALLEN_OFF_BUS, since=now - xid.reboot_window)
+    evidence: dict[str, float | int | str] = {"uuid": sample.uuid} if sample.uuid else {}
+    message = f"GPU {sample.index} is lost: it no longer answers on the bus"
+    if reboots < xid.reboots_before_inspection:
+        return Finding(
+            subject=gpu_subject(sample.index),
+            check=NAME,
+            code="gpu_lost",
+            severity=Severity.CRITICAL,
+            message=f"{message}; reboot the node",
+            action=Action.REBOOT,
+            evidence=evidence,
+            immediate=True,
+        )
+    return Finding(
+        subject=gpu_subject(sample.index),
+        check=NAME,
+        code="gpu_lost",
+        severity=Severity.CRITICAL,
+        message=(
+            f"{message}, and fell off the bus in each of the last {reboots} reboots within "
+            f"{format_duration(xid.reboot_window)}: a reboot does not cure it; inspect the board"
+        ),
+        action=Action.INSPECT_HARDWARE,
+        evidence={**evidence, "reboots": reboots},
+        definitive=True,
+    )
 
 
 def _unwatched(sample: GpuSample) -> Iterator[Finding]:
@@ -146,13 +181,14 @@ def _unwatched(sample: GpuSample) -> Iterator[Finding]:
             severity=Severity.WARN,
             message=f"GPU {sample.index} cannot be read: {sample.read_hung}",
         )
-    elif not sample.responsive:
+    elif not sample.responsive and not sample.no_permission:
+        why = f" ({sample.unanswered})" if sample.unanswered else ""
         yield Finding(
             subject=subject,
             check=NAME,
             code="gpu_unresponsive",
             severity=Severity.CRITICAL,
-            message=f"GPU {sample.index} answered no NVML call with a value",
+            message=f"GPU {sample.index} answered no NVML call with a value{why}",
             action=Action.RESET_GPU,
         )
     if sample.xid_events_received is False:
@@ -163,6 +199,28 @@ def _unwatched(sample: GpuSample) -> Iterator[Finding]:
             severity=Severity.WARN,
             message=f"XID events of GPU {sample.index} are not being received",
         )
+
+
+def _no_permission(samples: Sequence[GpuSample]) -> Iterator[Finding]:
+    """GPUs whose handle NVML refuses the daemon's user (NO_PERMISSION: nvml.h,
+    "the user doesn't have permission to talk to this device")."""
+    if not samples:
+        return
+    gpus = ",".join(str(sample.index) for sample in samples)
+    devices = " ".join(f"/dev/nvidia{sample.index}" for sample in samples)
+    yield Finding(
+        subject=NODE,
+        check=NAME,
+        code="nvml_no_permission",
+        severity=Severity.WARN,
+        message=(
+            f"NVML refuses GPU(s) {gpus} to the daemon (NO_PERMISSION): it cannot open "
+            f"{devices} (`ls -l /dev/nvidia*`; the device minor is usually the index), so "
+            "nothing on them is watched. The daemon's user needs read-write access to them "
+            "and the unit DeviceAllow=char-nvidia rw, as systemd/gpuwatchd.service ships it"
+        ),
+        evidence={"gpus": gpus},
+    )
 
 
 def _missing(

@@ -73,7 +73,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (config_drift.NAME, lambda i, c: config_drift.run(i.history)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
-    (gpu_lost.NAME, lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus)),
+    (
+        gpu_lost.NAME,
+        lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus, i.boots, c.xid),
+    ),
     (
         infiniband.NAME,
         lambda i, c: infiniband.run(i.history, i.now, c.infiniband, i.expected_ports),

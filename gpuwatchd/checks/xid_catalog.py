@@ -16,8 +16,11 @@ severity, action and kind follow from them:
   drained (critical, not definitive: policy quarantines it once confirmed and
   releases it once quiet). Where NVIDIA's investigation points at software
   (`INVESTIGATE_SW`: 110, 119, 120, 155), the kind is `software`.
-- `RESTART_BM` (79) reboots; `CHECK_MECHANICALS` (54) needs a person. Both
-  quarantine at once: nothing a reset does brings them back.
+- `RESTART_BM` (79, fallen off the bus) drains the GPU and the node at once
+  for the reboot NVIDIA asks for, and is released once the board is back and
+  quiet; NVIDIA's investigation (`CONTACT_SUPPORT`) is for when it repeats,
+  so it escalates like the others below. `CHECK_MECHANICALS` (54, auxiliary
+  power not connected) needs a person: it quarantines at once, for good.
 - `WORKFLOW_XID_48` and 95 follow NVIDIA's GPU memory error management guide:
   reset the GPU, which applies the row remap; what condemns a GPU for good is
   the RMA criteria (row-remap failure flag, SRAM threshold exceeded), which
@@ -78,6 +81,8 @@ class XidInfo:
     action: Action
     # Quarantines at once, and for good, without a confirmation window.
     definitive: bool = False
+    # Drains at once, without a confirmation window; released once quiet.
+    drains: bool = False
     # Said after the XID in its finding's message.
     advice: str = ""
 
@@ -280,7 +285,8 @@ _ENTRIES: tuple[XidInfo, ...] = (
             (150, "MSE"),
         )
     ),
-    # Gone from the bus: only a reboot brings it back, and the reboot takes the node.
+    # Gone from the bus: only a reboot brings it back, and the reboot takes the
+    # node. Support only when it comes back after reboots (it escalates).
     XidInfo(
         79,
         "GPU has fallen off the bus",
@@ -289,7 +295,7 @@ _ENTRIES: tuple[XidInfo, ...] = (
         HARDWARE,
         CRITICAL,
         Action.REBOOT,
-        definitive=True,
+        drains=True,
     ),
     # A person must look at the board's power cables.
     XidInfo(

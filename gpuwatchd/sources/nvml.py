@@ -17,11 +17,16 @@ mismatch, Deprecated) is not asked again; NotSupported is asked again every
 REASK_REFUSED_S, since it can be a mode rather than the hardware (row
 remapping and utilisation are refused while MIG instances exist); NoPermission
 and NoData are asked every poll. A name the installed nvidia-ml-py lacks
-counts as FunctionNotFound. A lost GPU (GPU_IS_LOST, or Unknown on every
-call) is reported down while the others keep being read, and up again once
-it answers. A call that answers RESET_REQUIRED marks the GPU as needing a
-reset (`GpuSample.reset_required`): a state to judge, not a value to leave
-out.
+counts as FunctionNotFound. Only the driver's own word makes a GPU lost:
+GPU_IS_LOST ("the GPU has fallen off the bus", nvml.h), or a handle or every
+call failing on a GPU for whose bus the kernel log (or NVML's events) holds
+XID 79. A lost GPU is reported down while the others keep being read, and up
+again once it answers. Any other failure to get a handle (nvml.h lists
+INSUFFICIENT_POWER, IRQ_ISSUE, UNKNOWN...) or Unknown from every call makes
+the GPU unanswered this poll (`GpuSample.unanswered`), NO_PERMISSION among
+them (`GpuSample.no_permission`, a configuration error): asked again next
+poll. A call that answers RESET_REQUIRED marks the GPU as needing a reset
+(`GpuSample.reset_required`): a state to judge, not a value to leave out.
 
 Per generation (see HARDWARE-NOTES.md), NVLink counters come from the first
 of these that answers on any link: NVLink5's `NVML_FI_DEV_NVLINK_COUNT_*`
@@ -100,8 +105,11 @@ REASK_REFUSED_S = 600.0
 
 _XID: int = pynvml.nvmlEventTypeXidCriticalError
 _GPU_IS_LOST: int = pynvml.NVML_ERROR_GPU_IS_LOST
+# XID 79, "GPU has fallen off the bus": the kernel log's word that a GPU is lost.
+_FALLEN_OFF_BUS = 79
 _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 _RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
+_NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
 _FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
 _SUCCESS: int = pynvml.NVML_SUCCESS
@@ -143,9 +151,20 @@ _BER_ZERO = (15, 255)
 
 
 class _GpuLost(Exception):
+    """The driver says the GPU has fallen off the bus (GPU_IS_LOST)."""
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _Unanswered(Exception):
+    """The GPU gave nothing this poll: no handle, or an error from every call."""
+
+    def __init__(self, reason: str, code: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
 
 
 def _error_text(code: int) -> str:
@@ -529,6 +548,8 @@ class _Gpu:
         self.polls_since_probe = 0
         self.xid_counts: Counter[int] = Counter()
         self.up = True
+        # Whether the last read gave values (False after a lost or unanswered one).
+        self.answering = True
         # The NVML function the GPU's read is in, and the read the poll gave
         # up on while its call has not returned.
         self.calling: str | None = None
@@ -539,6 +560,14 @@ class _Gpu:
 
     def hung_sample(self, reason: str) -> GpuSample:
         return self._unread_sample(up=True, responsive=False, read_hung=reason)
+
+    def unanswered_sample(self, unanswered: _Unanswered) -> GpuSample:
+        return self._unread_sample(
+            up=True,
+            responsive=False,
+            unanswered=unanswered.reason,
+            no_permission=unanswered.code == _NO_PERMISSION,
+        )
 
     def _unread_sample(self, **state: Any) -> GpuSample:
         return GpuSample(
@@ -562,6 +591,7 @@ class _Job:
         # The call the poll gave up in, once it has.
         self.given_up_in: str | None = None
         self.lost: str | None = None
+        self.unanswered: _Unanswered | None = None
         self.error: Exception | None = None
         self._read = read
 
@@ -570,6 +600,8 @@ class _Job:
             self.sample = self._read()
         except _GpuLost as lost:
             self.lost = lost.reason
+        except _Unanswered as unanswered:
+            self.unanswered = unanswered
         except Exception as error:  # re-raised in the poll's thread
             self.error = error
         finally:
@@ -693,9 +725,10 @@ class _GpuRead:
                 self._answered(request.subject, request.field_name)
 
     def finish(self) -> None:
-        """Raise _GpuLost when no call answered and some said Unknown; else note the Unknowns."""
+        """Raise _Unanswered when no call answered and some said Unknown; else
+        note the Unknowns."""
         if self._unknown and not self.answered:
-            raise _GpuLost(f"{_error_text(_UNKNOWN)} from every call")
+            raise _Unanswered(f"{_error_text(_UNKNOWN)} from every call", _UNKNOWN)
         for subject, source in self._unknown:
             self._availability.note(self.index, subject, source, _UNKNOWN, "left absent", self.now)
 
@@ -1323,16 +1356,21 @@ class NvmlSource:
 
     @staticmethod
     def _acquire(gpu: _Gpu) -> None:
-        """Get the GPU a handle when it has none yet; _GpuLost when it cannot."""
+        """Get the GPU a handle when it has none yet; _GpuLost or _Unanswered
+        when it cannot."""
         if gpu.handle is None:
             gpu.calling = "nvmlDeviceGetHandleByIndex"
             try:
                 gpu.handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
             except pynvml.NVMLError as error:
-                raise _GpuLost(f"nvmlDeviceGetHandleByIndex: {error}") from error
+                reason = f"nvmlDeviceGetHandleByIndex: {error}"
+                if error.value == _GPU_IS_LOST:
+                    raise _GpuLost(reason) from error
+                raise _Unanswered(reason, error.value) from error
 
     def _identify(self, gpu: _Gpu) -> None:
-        """Read identity up front, so that the first XIDs carry the UUID."""
+        """Read identity up front, so that the first XIDs carry the UUID. A GPU
+        that does not answer now is read again, and judged, at the first poll."""
         try:
             self._acquire(gpu)
             read = _GpuRead(gpu, self._availability, self._clock.now())
@@ -1340,6 +1378,8 @@ class NvmlSource:
             read.finish()
         except _GpuLost as lost:
             self._mark_down(gpu, lost.reason)
+        except _Unanswered as unanswered:
+            log.warning("GPU %d does not answer yet: %s", gpu.index, unanswered.reason)
 
     def poll(self, now: float) -> Reading:
         events = self._xids.drain() if self._xids is not None else ()
@@ -1389,14 +1429,31 @@ class NvmlSource:
         if job.lost is not None:
             self._mark_down(gpu, job.lost)
             return gpu.down_sample()
+        if job.unanswered is not None:
+            return self._unanswered(gpu, job.unanswered)
         assert job.sample is not None
-        sample = job.sample
-        if not gpu.up:
+        if not gpu.answering:
             log.warning("GPU %d (%s) answers again", gpu.index, gpu.identity.get("uuid"))
-            gpu.up = True
+            gpu.up = gpu.answering = True
             if self._xids is not None:
                 self._xids.register_again()
-        return sample
+        return job.sample
+
+    def _unanswered(self, gpu: _Gpu, unanswered: _Unanswered) -> GpuSample:
+        """A GPU that gave nothing: lost when the driver logged that it fell
+        off the bus (XID 79 on its bus, this boot), else unanswered."""
+        if not gpu.up or gpu.xid_counts[_FALLEN_OFF_BUS]:
+            self._mark_down(gpu, f"{unanswered.reason}, after XID 79 (fallen off the bus)")
+            return gpu.down_sample()
+        if gpu.answering:
+            log.warning(
+                "GPU %d (%s) gives no value: %s; asked again every poll",
+                gpu.index,
+                gpu.identity.get("uuid", "uuid unknown"),
+                unanswered.reason,
+            )
+            gpu.answering = False
+        return gpu.unanswered_sample(unanswered)
 
     def _give_up(self, job: _Job) -> GpuSample:
         """Leave the reader stuck in `job` to return when the driver lets it
@@ -1452,7 +1509,7 @@ class NvmlSource:
                 gpu.identity.get("uuid", "uuid unknown"),
                 reason,
             )
-            gpu.up = False
+            gpu.up = gpu.answering = False
 
     def close(self) -> None:
         if self._closed:
