@@ -52,11 +52,15 @@ def increase(
     points: Sequence[tuple[float, int | float | None]],
     *,
     bits: int | None = None,
+    lifetime: bool = False,
 ) -> Increase:
     """The increase over the given (time, value) points, oldest first.
 
     Absent values (None) are skipped: the next present value is compared with
     the last present one. `bits` is the counter's width where it saturates.
+    `lifetime`: a counter that never goes back on its device (a GPU's
+    aggregate ECC counts, kept in its InfoROM), so a lower value is another
+    device or a cleared store: a reset that counts nothing, not the new value.
     """
     total = 0.0
     resets = 0
@@ -77,7 +81,7 @@ def increase(
                 total += value - previous
             else:
                 resets += 1
-                total += value
+                total += 0 if lifetime else value
         previous = value
     seconds = 0.0 if first_time is None else last_time - first_time
     return Increase(increase=total, seconds=seconds, resets=resets, saturated=saturated)

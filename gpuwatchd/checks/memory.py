@@ -9,10 +9,16 @@ pre-Ampere mechanism). Follows NVIDIA's GPU memory error management guide:
   remapped at the next reset. The finding holds while the repair it started
   is pending, so the GPU returns to service once it comes back from its reset
   with nothing pending (and stays out if the remap failed).
-- Only NVIDIA's RMA criteria condemn for good: a row-remap failure, the SRAM
-  error threshold exceeded, a bank with no spare rows left, and (before
-  Ampere) DCGM's retired-page limit.
+- Only NVIDIA's RMA criteria condemn for good: the row-remap failure flag,
+  the SRAM error threshold exceeded, and (before Ampere) DCGM's retired-page
+  limit. A bank with no spare rows left is not one: NVIDIA's RMA policy for
+  row remapping meets the criterion "when the row-remapping failure flag is
+  set", which the next uncorrectable error in such a bank sets (and on
+  Blackwell a spare HBM channel may still repair it), so it warns.
 - Pending remaps and retirements of correctable rows wait for a reset and warn.
+- The aggregate (lifetime, InfoROM) counters never decrease on one board: a
+  lower value is another board at this index or a cleared InfoROM, never new
+  errors, so it counts nothing. The volatile ones restart at a driver reload.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def _ecc_increase(
     track: Track[GpuSample], error_type: str, scope: str, now: float, window: float
 ) -> Increase:
     key = (error_type, scope)
-    column = track.column((NAME, key), partial(_ecc_count, key))
+    column = track.column((NAME, key), partial(_ecc_count, key), lifetime=scope == "aggregate")
     return column.increase(track.at_or_before(now - window), track.upto(now), track.times)
 
 
@@ -84,7 +90,7 @@ def _ecc(
     subject = gpu_subject(latest.index)
     # Volatile counters restart at a driver reload (a reset, not errors); the
     # aggregate ones survive it but are written to the InfoROM later. Either
-    # growing is a new error.
+    # growing is a new error (an aggregate one falling is not: see above).
     uncorrected = max(
         _ecc_increase(track, "uncorrected", scope, now, config.window).increase
         for scope in ("volatile", "aggregate")
@@ -174,15 +180,15 @@ def _remapping(latest: GpuSample) -> Iterator[Finding]:
             subject=subject,
             check=NAME,
             code="row_remap_exhausted",
-            severity=Severity.CRITICAL,
-            message=f"{exhausted} memory bank(s) with no spare rows left to remap",
-            # The next uncorrectable error in such a bank cannot be repaired:
-            # NVIDIA's guide takes the GPU out of service for RMA.
-            action=Action.INSPECT_HARDWARE,
+            severity=Severity.WARN,
+            message=(
+                f"{exhausted} memory bank(s) with no spare rows left to remap: the next "
+                "uncorrectable error in such a bank cannot be remapped, which sets the "
+                "row-remap failure flag (NVIDIA's RMA criterion); plan a field diagnostic"
+            ),
             evidence={
                 f"banks_{bucket}": count for bucket, count in latest.row_remapper_banks.items()
             },
-            definitive=True,
         )
 
 
