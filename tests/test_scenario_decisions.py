@@ -65,7 +65,7 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         finding=50,
         decision=50,
-        row="`thermal_throttle`, `row_remap_pending`, `ib_congestion`",
+        row="`thermal_throttle`, `row_remap_pending`, `row_remap_exhausted`, `ib_congestion`",
     ),
     "power_brake": Expected(
         "{kind: power_brake, gpu: 1}",
@@ -226,7 +226,18 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         finding=0,
         decision=30,
-        row="`thermal_throttle`, `row_remap_pending`, `ib_congestion`",
+        row="`thermal_throttle`, `row_remap_pending`, `row_remap_exhausted`, `ib_congestion`",
+    ),
+    # Not NVIDIA's RMA criterion: the failure flag the next error there sets is.
+    "row_remap_exhausted": Expected(
+        "{kind: row_remap_exhausted, gpu: 1, bank: 17}",
+        "gpu:1",
+        "row_remap_exhausted",
+        Severity.WARN,
+        Health.DEGRADED,
+        finding=0,
+        decision=30,
+        row="`thermal_throttle`, `row_remap_pending`, `row_remap_exhausted`, `ib_congestion`",
     ),
     "row_remap_failure": Expected(
         "{kind: row_remap_failure, gpu: 1}",
@@ -237,7 +248,7 @@ CASES: dict[str, Expected] = {
         finding=0,
         decision=0,
         node_quarantined=True,
-        row="`row_remap_failure`, `xid` 79, `gpu_lost`",
+        row="`row_remap_failure`",
     ),
     "xid_hardware": Expected(
         "{kind: xid, gpu: 1, code: 79}",
@@ -248,7 +259,7 @@ CASES: dict[str, Expected] = {
         finding=0,
         decision=0,
         node_quarantined=True,
-        row="`row_remap_failure`, `xid` 79, `gpu_lost`",
+        row="`xid` 79, `gpu_lost`",
     ),
     "xid_application": Expected(
         "{kind: xid, gpu: 1, code: 13}",
@@ -303,7 +314,7 @@ CASES: dict[str, Expected] = {
         finding=0,
         decision=0,
         node_quarantined=True,
-        row="`row_remap_failure`, `xid` 79, `gpu_lost`",
+        row="`xid` 79, `gpu_lost`",
     ),
     "reset_required": Expected(
         "{kind: reset_required, gpu: 1}",
@@ -376,7 +387,7 @@ CASES: dict[str, Expected] = {
         Health.DEGRADED,
         finding=10,
         decision=40,
-        row="`thermal_throttle`, `row_remap_pending`, `ib_congestion`",
+        row="`thermal_throttle`, `row_remap_pending`, `row_remap_exhausted`, `ib_congestion`",
     ),
     # Filled within one poll while watched: a live fault. (Pinned before the
     # daemon started, it is severity ok and the port stays healthy: see
