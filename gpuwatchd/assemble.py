@@ -127,7 +127,8 @@ def simulate(
 def _expecting_the_scenario_node(config: Config, scenario: scenarios.Scenario) -> Config:
     """The scenario's node shape is what its hardware should have (faults such
     as `gpu_missing` and `nvlink_inactive` take from it); unless configured,
-    expect that many GPUs and NVLinks, not what the first start or the model says."""
+    expect that many GPUs and NVLinks, not what the first start, the fabric or
+    the links seen up say."""
     checks = config.checks
     if checks.gpu_lost.expected_gpus is None:
         gpus = replace(checks.gpu_lost, expected_gpus=scenario.node.gpus)

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gpuwatchd.actions.dispatch import Actions
 from gpuwatchd.actions.scheduler import DRAIN_NOTE
 from gpuwatchd.canary.agent import CanaryAgent, CanaryView
-from gpuwatchd.checks import CheckOutput, gpu_lost
+from gpuwatchd.checks import CheckOutput, gpu_lost, nvlink
 from gpuwatchd.checks.infiniband import learned_ports
 from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
 from gpuwatchd.clock import Clock
@@ -184,6 +184,7 @@ class Daemon:
         # Read at start only: a port forgotten in the database (removed on
         # purpose) is forgotten by the daemon when it restarts.
         self._expected_ports = self._load_expected_ports()
+        self._learned_links = self._load_learned_links()
         self._source_errors: dict[str, str] = {}
         self.actions = Actions(
             config.actions,
@@ -334,7 +335,14 @@ class Daemon:
     def _decide(self, readings: tuple[Reading, ...], now: float) -> Snapshot:
         boots = self.store.boots.record()
         self._learn_gpus(readings, now)
-        inputs = CheckInputs(self.history, now, boots, self._known_gpus, self._expected_ports)
+        inputs = CheckInputs(
+            self.history,
+            now,
+            boots,
+            self._known_gpus,
+            self._expected_ports,
+            learned_links=self._learned_links,
+        )
         run = run_all(inputs, self.config.checks)
         checked = self._carry_failed_checks(run)
         gathered = replace(_gathered(readings, now, self._polls), check_errors=run.failed)
@@ -532,6 +540,7 @@ class Daemon:
             self._log_source_error(reading)
             self.history.record(reading)
         self._learn_ports(readings, now)
+        self._learn_links(readings, now)
         self._polls += 1
         snapshot = self._decide(readings, now)
         self._prune_journal(now)
@@ -562,6 +571,27 @@ class Daemon:
             self._expected_ports |= new
             ports = sorted(self._expected_ports)
             self._write(lambda: self.store.facts.put(EXPECTED_PORTS, ports, now))
+
+    def _load_learned_links(self) -> dict[str, frozenset[int]]:
+        try:
+            return nvlink.decode_learned(self.store.facts.get(nvlink.LINKS_SEEN_UP_FACT))
+        except StoreError as error:
+            log.error("%s; the NVLinks to expect are learned again", error)
+            return {}
+
+    def _learn_links(self, readings: Sequence[Reading], now: float) -> None:
+        """Remember the NVLinks seen up on each board, by UUID, so that one not
+        up after a restart or a reboot is missed (checks.nvlink). Written only
+        when a poll shows a link up that was not known."""
+        grown = nvlink.links_after(self._learned_links, readings)
+        if not grown:
+            return
+        for uuid, links in sorted(grown.items()):
+            numbers = ", ".join(map(str, sorted(links)))
+            log.info("expecting NVLink(s) %s of %s from now on", numbers, uuid)
+        self._learned_links = {**self._learned_links, **grown}
+        data = nvlink.encode_learned(self._learned_links)
+        self._write(lambda: self.store.facts.put(nvlink.LINKS_SEEN_UP_FACT, data, now))
 
     def _prune_journal(self, now: float) -> None:
         if now - self._pruned < JOURNAL_PRUNE_EVERY:

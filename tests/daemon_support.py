@@ -62,16 +62,21 @@ def simulated_daemon(
     canary: bool = False,
     start: float | None = None,
     host_cores: bool = False,
+    links_from_scenario: bool = True,
 ) -> Iterator[SimulatedDaemon]:
     """`canary` runs the canary agent too (bursts inline; the host's cores
     only with `host_cores`); `start` is the injected clock's time at the start
-    (a restart later on)."""
+    (a restart later on). `links_from_scenario` False expects NVLinks as on a
+    real node (config, the fabric, the links seen up), not the scenario's."""
     config = config or Config()
     config = replace(config, canary=replace(config.canary, enabled=canary, host_cores=host_cores))
     config = replace(config, daemon=replace(config.daemon, state_dir=str(state_dir / "state")))
     clock = FakeClock() if start is None else FakeClock(start)
     scenario = scenarios.parse(scenario_text, "test-scenario")
+    configured_links = config.checks.nvlink
     config, node = simulate(config, clock, scenario, state_dir / "sysfs")
+    if not links_from_scenario:
+        config = replace(config, checks=replace(config.checks, nvlink=configured_links))
     agent = build_canary(config, clock, scenario, run_in_process, InlineExecutor())
     sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
     daemon = Daemon(

@@ -12,7 +12,16 @@ from gpu_history import gpu, last_time, link, timeline
 from gpuwatchd.checks import nvlink
 from gpuwatchd.checks.nvlink import NvlinkConfig
 from gpuwatchd.history import History
-from gpuwatchd.model import Finding, GpuSample, LinkSample, Severity
+from gpuwatchd.model import (
+    FABRIC_STATE_COMPLETED,
+    FABRIC_STATE_NOT_STARTED,
+    FABRIC_STATE_NOT_SUPPORTED,
+    Finding,
+    GpuSample,
+    LinkSample,
+    Reading,
+    Severity,
+)
 
 CONFIG = NvlinkConfig()
 POLLS = 19  # three full 60 s windows of 10 s polls
@@ -197,15 +206,32 @@ def test_a_replay_every_minute_for_three_minutes_is_a_replay_storm() -> None:
 
 
 def model_links(
-    model: str | None, up: Callable[[int, int], bool | None], count: int = 18
+    model: str | None,
+    up: Callable[[int, int], bool | None],
+    count: int = 18,
+    fabric: Callable[[int], int | None] = lambda k: FABRIC_STATE_COMPLETED,
+    uuid: str = "GPU-0005",
 ) -> History:
-    """GPU 5 of `model` reporting `count` links; poll k, link n is up(k, n)."""
+    """GPU 5 of `model` reporting `count` links; poll k, link n is up(k, n),
+    and the fabric state is fabric(k) (registered, unless told otherwise)."""
 
     def gpus_at(k: int, time: float) -> list[GpuSample]:
         links = tuple(link(5, n, up=up(k, n)) for n in range(count))
-        return [gpu(5, name=model, nvlinks=links)]
+        return [gpu(5, name=model, uuid=uuid, fabric_state=fabric(k), nvlinks=links)]
 
     return timeline(POLLS, gpus_at)
+
+
+def missing(
+    history: History,
+    learned: nvlink.LearnedLinks = nvlink.NONE_LEARNED,
+    config: NvlinkConfig = CONFIG,
+) -> list[Finding]:
+    output = nvlink.run(history, last_time(POLLS), config, learned)
+    return [f for f in output.findings if f.code == "nvlink_missing"]
+
+
+ALL_18 = frozenset(range(18))
 
 
 def test_a_b200_whose_links_never_came_up_is_critical_on_the_gpu() -> None:
@@ -234,7 +260,8 @@ def test_an_h100_reporting_only_12_links_is_short_of_its_18() -> None:
 def test_links_unread_in_one_poll_are_not_missing() -> None:
     def gpus_at(k: int, time: float) -> list[GpuSample]:
         links = () if k == POLLS - 1 else tuple(link(5, n) for n in range(18))
-        return [gpu(5, name="NVIDIA H100 80GB HBM3", nvlinks=links)]
+        registered = FABRIC_STATE_COMPLETED
+        return [gpu(5, name="NVIDIA H100 80GB HBM3", fabric_state=registered, nvlinks=links)]
 
     assert findings(timeline(POLLS, gpus_at)) == []
 
@@ -244,7 +271,7 @@ def test_links_of_unknown_state_are_not_missing() -> None:
 
 
 def test_a_link_down_after_being_up_is_nvlink_down_only() -> None:
-    history = model_links("NVIDIA A100-SXM4-80GB", lambda k, n: not (n == 4 and k > 12), count=12)
+    history = model_links("NVIDIA H100 80GB HBM3", lambda k, n: not (n == 4 and k > 12))
     assert [(f.subject, f.code) for f in findings(history)] == [("nvlink:5/4", "nvlink_down")]
 
 
@@ -258,3 +285,87 @@ def test_configured_expected_links_override_the_model() -> None:
     [finding] = nvlink.run(history, last_time(POLLS), config).findings
     assert finding.code == "nvlink_missing" and finding.evidence["never_up"] == "2, 3"
     assert nvlink.run(history, last_time(POLLS), NvlinkConfig(expected_links=0)).findings == ()
+
+
+@pytest.mark.parametrize("fabric_state", [FABRIC_STATE_NOT_SUPPORTED, None])
+def test_an_h100_passed_through_to_a_vm_with_no_links_ever_up_expects_none(
+    fabric_state: int | None,
+) -> None:
+    # Its product name is an HGX board's, but the VM is outside the NVSwitch fabric.
+    vm = model_links("NVIDIA H100 80GB HBM3", lambda k, n: False, fabric=lambda k: fabric_state)
+    assert findings(vm) == []
+
+
+def test_an_h100_registered_with_the_fabric_whose_links_never_came_up_is_missing() -> None:
+    [finding] = missing(model_links("NVIDIA H100 80GB HBM3", lambda k, n: False))
+    assert finding.evidence == {"expected": 18, "up": 0, "never_up": ", ".join(map(str, range(18)))}
+    assert "registered with the NVSwitch fabric" in finding.message
+
+
+def test_one_poll_with_the_fabric_state_unread_keeps_the_models_expectation() -> None:
+    def fabric(k: int) -> int | None:
+        return None if k == POLLS - 1 else FABRIC_STATE_COMPLETED
+
+    assert missing(model_links("NVIDIA H100 80GB HBM3", lambda k, n: n != 4, fabric=fabric))
+
+
+def test_links_learned_up_before_a_restart_and_never_up_since_are_missing_by_name() -> None:
+    # Not registered (the fabric manager did not start after the reboot):
+    # only what was seen up on this board says what it should have.
+    history = model_links(
+        "NVIDIA H100 80GB HBM3",
+        lambda k, n: n not in (6, 13),
+        fabric=lambda k: FABRIC_STATE_NOT_STARTED,
+    )
+    [finding] = missing(history, {"GPU-0005": ALL_18})
+    assert finding.subject == "gpu:5"
+    assert finding.evidence == {"expected": 18, "up": 16, "never_up": "6, 13"}
+    assert "seen up on this board before" in finding.message
+
+
+def test_links_learned_on_another_board_at_the_same_index_are_not_expected() -> None:
+    history = model_links(None, lambda k, n: False, uuid="GPU-new-board")
+    assert missing(history, {"GPU-0005": ALL_18}) == []
+
+
+def test_more_links_learned_than_the_model_has_are_all_expected() -> None:
+    history = model_links("NVIDIA H100 PCIe", lambda k, n: n != 2, count=4)
+    [finding] = missing(history, {"GPU-0005": frozenset(range(4))})
+    assert finding.evidence == {"expected": 4, "up": 3, "never_up": "2"}
+
+
+def test_expected_links_0_silences_the_fabric_and_the_learned_links() -> None:
+    history = model_links("NVIDIA H100 80GB HBM3", lambda k, n: False)
+    assert missing(history, {"GPU-0005": ALL_18}, NvlinkConfig(expected_links=0)) == []
+
+
+def test_a_link_learned_up_and_up_now_is_not_missing() -> None:
+    history = model_links(None, lambda k, n: True, fabric=lambda k: None)
+    assert missing(history, {"GPU-0005": ALL_18}) == []
+
+
+# -- learning the links seen up -----------------------------------------------------------
+
+
+def reading(*gpus: GpuSample) -> Reading:
+    return Reading(source="nvml", time=0.0, gpus=gpus)
+
+
+def board(uuid: str, up: set[int], count: int = 4) -> GpuSample:
+    return gpu(0, uuid=uuid, nvlinks=tuple(link(0, n, up=n in up) for n in range(count)))
+
+
+def test_links_seen_up_are_learned_per_board_and_nothing_when_already_known() -> None:
+    grown = nvlink.links_after({}, [reading(board("GPU-a", {0, 1}), board("GPU-b", set()))])
+    assert grown == {"GPU-a": frozenset({0, 1})}
+    assert nvlink.links_after(grown, [reading(board("GPU-a", {1}))]) == {}
+    later = nvlink.links_after(grown, [reading(board("GPU-a", {2}))])
+    assert later == {"GPU-a": frozenset({0, 1, 2})}
+
+
+def test_the_learned_links_are_recorded_as_sorted_numbers_by_uuid_and_read_back() -> None:
+    learned = {"GPU-a": frozenset({3, 0, 1})}
+    assert nvlink.encode_learned(learned) == {"GPU-a": [0, 1, 3]}
+    assert nvlink.decode_learned(nvlink.encode_learned(learned)) == learned
+    assert nvlink.decode_learned({"GPU-a": [0, "x"], "GPU-b": 3}) == {"GPU-a": frozenset({0})}
+    assert nvlink.decode_learned(None) == {}

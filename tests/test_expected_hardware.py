@@ -5,7 +5,11 @@ The README's scenario table states these decisions."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pynvml
@@ -13,11 +17,13 @@ import pytest
 from daemon_support import SimulatedDaemon, simulated_daemon
 from gpu_history import gpu, record
 
-from gpuwatchd.checks import gpu_lost
+from gpuwatchd.checks import gpu_lost, nvlink
 from gpuwatchd.checks.gpu_lost import GpuLostConfig, KnownGpu
+from gpuwatchd.checks.nvlink import NvlinkConfig
+from gpuwatchd.checks.registry import ChecksConfig
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.history import History
-from gpuwatchd.model import Health, Severity
+from gpuwatchd.model import FABRIC_STATE_COMPLETED, FABRIC_STATE_NOT_SUPPORTED, Health, Severity
 from gpuwatchd.sim.scenario import ScenarioError, parse
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.store import Store
@@ -124,6 +130,103 @@ def test_calm_node_with_one_refused_link_stays_healthy_for_an_hour(tmp_path: Pat
     links = snapshot.gpus[1].nvlinks
     assert (links[2].up, links[2].errors) == (None, {})
     assert all(link.up and link.errors for link in links if link.link != 2)
+
+
+# -- NVLinks expected from the fabric and the links seen up, not the product name -------
+
+H100_NODE = 'node: {gpus: 2, model: "NVIDIA H100 80GB HBM3", nvlinks: %d, hcas: 0}\nseed: %d\n'
+A100_NODE = 'node: {gpus: 2, model: "NVIDIA A100-SXM4-80GB", nvlinks: 12, hcas: 0}\nseed: %d\n'
+
+
+def _nvlink_missing(snapshot: Snapshot) -> list[tuple[str, object, object, object]]:
+    return [
+        (f.subject, f.evidence["expected"], f.evidence["up"], f.evidence["never_up"])
+        for f in snapshot.findings
+        if f.code == "nvlink_missing"
+    ]
+
+
+def _restarted_on(
+    state: Path, first_node: str, node: str, config: Config | None = None
+) -> Snapshot:
+    """A minute of a daemon restarted on `node`, hours after a healthy run
+    on `first_node`, on the same state database, with real NVLink expectations
+    (`config`'s after the restart)."""
+    with simulated_daemon(first_node + "faults: []\n", state, links_from_scenario=False) as sim:
+        assert _nvlink_missing(sim.run_until(70)) == []
+        restart = sim.clock.now() + 6 * 3600
+    shutil.rmtree(state / "sysfs")
+    with simulated_daemon(node, state, config, start=restart, links_from_scenario=False) as sim:
+        return sim.run_until(70)
+
+
+def test_an_h100_passed_through_to_a_vm_without_nvlinks_is_not_missing_any(
+    tmp_path: Path,
+) -> None:
+    # The VM's GPUs keep their HGX product name; NVML reports no links and no fabric.
+    with simulated_daemon(H100_NODE % (0, 1), tmp_path, links_from_scenario=False) as sim:
+        snapshot = sim.run_until(420)
+    assert {(g.name, g.fabric_state, g.nvlinks) for g in snapshot.gpus} == {
+        ("NVIDIA H100 80GB HBM3", FABRIC_STATE_NOT_SUPPORTED, ())
+    }
+    assert _nvlink_missing(snapshot) == []
+    assert snapshot.quarantines == ()
+
+
+def test_an_h100_registered_with_the_fabric_whose_links_never_came_up_is_missing(
+    tmp_path: Path,
+) -> None:
+    scenario = H100_NODE % (18, 1) + "faults: [{at: 0s, kind: nvlink_inactive, gpu: 1}]\n"
+    with simulated_daemon(scenario, tmp_path, links_from_scenario=False) as sim:
+        snapshot = sim.run_until(70)
+    assert snapshot.gpus[1].fabric_state == FABRIC_STATE_COMPLETED
+    assert _nvlink_missing(snapshot) == [("gpu:1", 18, 0, ", ".join(map(str, range(18))))]
+
+
+def test_links_learned_before_a_restart_and_never_up_after_it_are_missing_by_name(
+    tmp_path: Path,
+) -> None:
+    # An A100 reports no fabric state: only the links seen up say what it should have.
+    inactive = "  - {at: 0s, kind: nvlink_inactive, gpu: 1, link: %d}\n"
+    node = A100_NODE % 1 + "faults:\n" + inactive % 4 + inactive % 9
+    assert _nvlink_missing(_restarted_on(tmp_path, A100_NODE % 1, node)) == [
+        ("gpu:1", 12, 10, "4, 9")
+    ]
+
+
+def test_a_new_board_at_the_same_index_does_not_inherit_the_learned_links(
+    tmp_path: Path,
+) -> None:
+    # Another seed: other boards (UUIDs) at the same indices, GPU 1's links never up.
+    node = A100_NODE % 2 + "faults: [{at: 0s, kind: nvlink_inactive, gpu: 1}]\n"
+    snapshot = _restarted_on(tmp_path, A100_NODE % 1, node)
+    assert _nvlink_missing(snapshot) == []
+    store = Store.open(str(tmp_path / "state"))
+    learned = store.facts.get(nvlink.LINKS_SEEN_UP_FACT)
+    store.close()
+    # The first run's two boards and the new GPU 0; nothing for the new GPU 1.
+    assert sorted(learned.values()) == [list(range(12))] * 3
+    assert snapshot.gpus[0].uuid in learned and snapshot.gpus[1].uuid not in learned
+
+
+def test_the_links_seen_up_are_written_once_by_uuid_not_every_poll(tmp_path: Path) -> None:
+    with simulated_daemon(A100_NODE % 1 + "faults: []\n", tmp_path) as sim:
+        snapshot = sim.run_until(120)
+    database = tmp_path / "state" / "state.db"
+    with closing(sqlite3.connect(database)) as db:
+        [(written, data)] = db.execute(
+            "SELECT time, data FROM facts WHERE key = ?", (nvlink.LINKS_SEEN_UP_FACT,)
+        ).fetchall()
+    assert written == sim.start
+    assert json.loads(data) == {gpu.uuid: list(range(12)) for gpu in snapshot.gpus}
+
+
+def test_expected_links_0_silences_the_links_learned_and_the_fabric(tmp_path: Path) -> None:
+    node = H100_NODE % (18, 1) + "faults: [{at: 0s, kind: nvlink_inactive, gpu: 1}]\n"
+    none = Config(checks=ChecksConfig(nvlink=NvlinkConfig(expected_links=0)))
+    snapshot = _restarted_on(tmp_path, H100_NODE % (18, 1), node, none)
+    assert snapshot.gpus[1].fabric_state == FABRIC_STATE_COMPLETED
+    assert _nvlink_missing(snapshot) == []
 
 
 # -- the record of the first healthy start ----------------------------------------------

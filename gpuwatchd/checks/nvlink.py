@@ -11,15 +11,23 @@ limit is critical. A link that was up earlier and is down now is critical on
 the link (`nvlink:<gpu>/<link>`); a GPU with fewer links up than expected, for
 a whole window, is critical on the GPU (`gpu:<index>`), which catches links
 that never came up (gpud issue #1085: a B200 whose links stayed inactive
-after boot). Nothing here is definitive: every finding clears when the link
-behaves, and quarantines only after policy's confirm_for.
+after boot). The links expected are the configured count or else what the
+fabric says: the links ever seen up on that board (by GPU UUID, learned by the
+daemon and kept in the state database, `links_after`) and, while the GPU is
+registered with the NVSwitch fabric, its model's count. A GPU with neither (an
+SXM board passed through to a VM, outside the fabric) is expected to have
+none: its product name alone says nothing about the links it was given.
+Nothing here is definitive: every finding clears when the link behaves, and
+quarantines only after policy's confirm_for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from types import MappingProxyType
+from typing import Any
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import (
@@ -30,7 +38,15 @@ from gpuwatchd.checks.common import (
     windows,
 )
 from gpuwatchd.history import History, series
-from gpuwatchd.model import Action, Finding, GpuSample, LinkSample, Severity
+from gpuwatchd.model import (
+    FABRIC_STATE_COMPLETED,
+    Action,
+    Finding,
+    GpuSample,
+    LinkSample,
+    Reading,
+    Severity,
+)
 from gpuwatchd.settings import PerSecond, Seconds
 
 NAME = "nvlink"
@@ -48,20 +64,26 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "packet": ("malformed_packets", "link_integrity"),
 }
 
-# NVLinks per GPU of the SXM boards, by the name NVML gives them (nvidia-smi
-# -q "Product Name"): each NVLink generation's link count, NVLink 2 (V100) 6,
-# NVLink 3 (A100) 12, NVLink 4 (H100, H200) and NVLink5 (B200) 18. PCIe boards
-# are left out: their links depend on the bridges fitted.
+# NVLinks per GPU of the SXM boards registered with an NVSwitch fabric, by the
+# name NVML gives them (nvidia-smi -q "Product Name"): NVLink 4 (H100, H200)
+# and NVLink5 (B200) have 18. Only Hopper and newer report a fabric state
+# (nvml.h, nvmlDeviceGetGpuFabricInfoV), so V100 and A100 boards are expected
+# the links seen up on them. PCIe boards are left out: their links depend on
+# the bridges fitted.
 MODEL_NVLINKS: Mapping[str, int] = {
-    "Tesla V100-SXM2-16GB": 6,
-    "Tesla V100-SXM2-32GB": 6,
-    "Tesla V100-SXM3-32GB": 6,
-    "NVIDIA A100-SXM4-40GB": 12,
-    "NVIDIA A100-SXM4-80GB": 12,
     "NVIDIA H100 80GB HBM3": 18,
     "NVIDIA H200": 18,
     "NVIDIA B200": 18,
 }
+
+# The state database fact (Store.fact) of the NVLinks seen up on each board:
+# {GPU UUID: [link numbers]}, so that after a restart or a reboot a link that
+# does not come up again is missed by name.
+LINKS_SEEN_UP_FACT = "nvlinks_seen_up"
+
+# GPU UUID -> the link numbers seen up on that board.
+LearnedLinks = Mapping[str, frozenset[int]]
+NONE_LEARNED: LearnedLinks = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -96,8 +118,11 @@ class NvlinkConfig:
     # NVLink5 effective BER above which a link is critical: DCGM's
     # IsEffectiveBerThresholdExceeded fails above 1e-12.
     effective_ber_critical: float = 1e-12
-    # NVLinks each GPU must have up. None: the model's count (MODEL_NVLINKS),
-    # no expectation for a model not listed; 0: none expected.
+    # NVLinks each GPU must have up. None: the larger of the links seen up on
+    # that board (learned, by UUID) and, while it is registered with the
+    # NVSwitch fabric, its model's count (MODEL_NVLINKS); none for a GPU with
+    # neither (passed through to a VM outside the fabric). 0: none expected
+    # (an NVSwitch partition whose GPUs are registered without their links).
     expected_links: int | None = None
 
     def __post_init__(self) -> None:
@@ -118,13 +143,42 @@ class NvlinkConfig:
         rate: float = getattr(self, f"{family}_storm_rate")
         return rate
 
-    def links_expected(self, model: str | None) -> int | None:
-        if self.expected_links is not None:
-            return self.expected_links
-        return MODEL_NVLINKS.get(model or "")
+
+def links_after(learned: LearnedLinks, readings: Iterable[Reading]) -> dict[str, frozenset[int]]:
+    """The boards (by UUID) with links up in `readings` not in `learned`, and
+    all their links seen up: what the daemon records, when there is any."""
+    grown: dict[str, frozenset[int]] = {}
+    for reading in readings:
+        for gpu in reading.gpus or ():
+            up = {link.link for link in gpu.nvlinks if link.up}
+            if gpu.uuid is None or not up:
+                continue
+            known = grown.get(gpu.uuid, learned.get(gpu.uuid, frozenset()))
+            if not up <= known:
+                grown[gpu.uuid] = known | up
+    return grown
 
 
-def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
+def encode_learned(learned: LearnedLinks) -> dict[str, list[int]]:
+    return {uuid: sorted(links) for uuid, links in learned.items()}
+
+
+def decode_learned(data: Any) -> dict[str, frozenset[int]]:
+    """LINKS_SEEN_UP_FACT's value as recorded; what is not a UUID's list of
+    link numbers is left out (learned again)."""
+    if not isinstance(data, dict):
+        return {}
+    return {
+        uuid: frozenset(number for number in links if isinstance(number, int))
+        for uuid, links in data.items()
+        if isinstance(uuid, str) and isinstance(links, list)
+    }
+
+
+def run(
+    history: History, now: float, config: NvlinkConfig, learned: LearnedLinks = NONE_LEARNED
+) -> CheckOutput:
+    """`learned`: the links seen up on each board (GPU UUID), this run and before."""
     findings: list[Finding] = []
     for index in history.gpu_indices():
         latest = history.latest_gpu(index)
@@ -148,7 +202,7 @@ def run(history: History, now: float, config: NvlinkConfig) -> CheckOutput:
                 findings.extend(_errors(link, _link_series(recent, link.link), now, config))
             findings.extend(_ber(link, config))
         if track.times[0] <= now - config.window:
-            findings.extend(_missing(latest, window, was_up, config))
+            findings.extend(_missing(latest, window, was_up, learned, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -300,16 +354,36 @@ def _shortfall(sample: GpuSample, expected: int, was_up: set[int]) -> tuple[int,
     return expected - (len(sample.nvlinks) - len(never_up)), never_up
 
 
+def _expected(
+    latest: GpuSample,
+    window: Sequence[tuple[float, GpuSample]],
+    learned: LearnedLinks,
+    config: NvlinkConfig,
+) -> tuple[int, str]:
+    """How many links the GPU must have up, and why; 0 for none. Registered
+    with the fabric means so in any sample of the window, so that one poll's
+    unread fabric state does not lift the expectation."""
+    if config.expected_links is not None:
+        return config.expected_links, "checks.nvlink.expected_links"
+    seen = len(learned.get(latest.uuid or "", ()))
+    registered = any(sample.fabric_state == FABRIC_STATE_COMPLETED for _, sample in window)
+    model = MODEL_NVLINKS.get(latest.name or "", 0) if registered else 0
+    if model >= seen:
+        return model, "its model's, registered with the NVSwitch fabric"
+    return seen, "seen up on this board before"
+
+
 def _missing(
     latest: GpuSample,
     window: Sequence[tuple[float, GpuSample]],
     was_up: set[int],
+    learned: LearnedLinks,
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
     """Fewer links up than expected in every sample of the last window (the
     caller makes sure history covers it): a one-poll gap (a link state that
     timed out at the first poll) is not one."""
-    expected = config.links_expected(latest.name)
+    expected, why = _expected(latest, window, learned, config)
     if not expected or not window:
         return
     short = [_shortfall(sample, expected, was_up) for _, sample in window]
@@ -324,8 +398,9 @@ def _missing(
         code="nvlink_missing",
         severity=Severity.CRITICAL,
         message=(
-            f"GPU {latest.index} has {up} of {expected} expected NVLinks up (never up: "
-            f"{listed}; not reported by NVML: {max(0, expected - len(latest.nvlinks))}); "
+            f"GPU {latest.index} has {up} of {expected} expected NVLinks up (expected: {why}; "
+            f"never up: {listed}; not reported by NVML: "
+            f"{max(0, expected - len(latest.nvlinks))}); "
             "check nvidia-fabricmanager and the NVSwitch fabric, then reset the GPU"
         ),
         action=Action.RESET_GPU,

@@ -50,14 +50,16 @@ class ChecksConfig:
 @dataclass(frozen=True)
 class CheckInputs:
     """What every check may read: the history, the time, the boots seen, and
-    the GPUs of the node's first healthy start, and the InfiniBand ports the
-    node learned it must keep (`ib:<device>/<port>`)."""
+    the GPUs of the node's first healthy start, the InfiniBand ports the node
+    learned it must keep (`ib:<device>/<port>`), and the NVLinks seen up on
+    each board (GPU UUID -> link numbers)."""
 
     history: History
     now: float
     boots: xid.BootRecord
     known_gpus: tuple[gpu_lost.KnownGpu, ...] = ()
     expected_ports: frozenset[str] = frozenset()
+    learned_links: nvlink.LearnedLinks = field(default_factory=dict)
 
 
 Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
@@ -65,7 +67,7 @@ Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
 CHECKS: tuple[tuple[str, Check], ...] = (
     (thermal.NAME, lambda i, c: thermal.run(i.history, i.now, c.thermal)),
     (clocks.NAME, lambda i, c: clocks.run(i.history, i.now, c.clocks)),
-    (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink)),
+    (nvlink.NAME, lambda i, c: nvlink.run(i.history, i.now, c.nvlink, i.learned_links)),
     (memory.NAME, lambda i, c: memory.run(i.history, i.now, c.memory)),
     (pcie.NAME, lambda i, c: pcie.run(i.history, i.now, c.pcie)),
     (fabric.NAME, lambda i, c: fabric.run(i.history, i.now, c.fabric)),
