@@ -77,9 +77,12 @@ def test_add_list_and_release_through_a_running_daemon(daemon: DaemonProcess, co
 
     listed = cli("quarantine", "list", "--config", str(config))
     assert listed.exit_code == 0 and listed.output.startswith("SUBJECT")
-    assert "gpu:5    manual  " in listed.output and OPERATOR in listed.output
     as_json = json.loads(cli("quarantine", "list", "--json", "--node", daemon.url).output)
     assert {q["subject"] for q in as_json} == {"gpu:5", "node"}
+    # The board, not only its index: the UUID is in both forms.
+    board = next(q["uuid"] for q in as_json if q["subject"] == "gpu:5")
+    assert board.startswith("GPU-") and f"gpu:5    {board}  manual  " in listed.output
+    assert OPERATOR in listed.output
 
     released = cli("quarantine", "release", "gpu:5", "--config", str(config))
     assert released.output == f"released gpu:5: released by {OPERATOR}\n"
