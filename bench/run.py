@@ -87,6 +87,7 @@ KIND_FAULTS: dict[str, str] = {
     "power_brake": "{kind: power_brake, gpu: 1}",
     "clock_drift": "{kind: clock_drift, gpu: 1}",
     "clocks_locked": "{kind: clocks_locked, gpu: 1, mhz: 1200}",
+    "gpu_idle": "{kind: gpu_idle, gpu: 1}",
     "nvlink_crc_storm": "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",
     "nvlink_down": "{kind: nvlink_down, gpu: 1, link: 2}",
     "nvlink_inactive": "{kind: nvlink_inactive, gpu: 1, link: 2}",

@@ -166,3 +166,71 @@ def test_a_whole_node_held_below_its_maximum_raises_nothing_for_a_quarter_hour()
     output = clocks.run(history, last_time(6 * 15 + 1), CONFIG)
     assert output.findings == ()
     assert {m.value for m in output.measurements} == {1.0}
+
+
+A100_MAX_HZ = 1410e6
+IDLE = CLOCKS_EVENT_REASONS["gpu_idle"]
+QUARTER_HOUR = 6 * 15 + 1
+
+
+def test_gpus_are_held_to_peers_of_their_own_model() -> None:
+    # Four H100s near their 1980 MHz, four A100s at their 1410 MHz maximum:
+    # against the node's median (1675 MHz) every A100 would look slow.
+    def mixed(k: int, time: float) -> list[GpuSample]:
+        h100s = [busy(i, 1950e6, name="NVIDIA H100 80GB HBM3") for i in range(4)]
+        a100s = [
+            busy(i, 1410e6, name="NVIDIA A100-SXM4-80GB", sm_max_clock_hertz=A100_MAX_HZ)
+            for i in range(4, 8)
+        ]
+        return h100s + a100s
+
+    output = clocks.run(timeline(7, mixed), last_time(7), CONFIG)
+    assert output.findings == ()
+    assert {m.value for m in output.measurements} == {1.0}
+
+
+def lone_gpu(clock_hz: float, peers_busy_polls: int, polls: int) -> tuple[History, float]:
+    """GPU 0 busy throughout, from poll `peers_busy_polls` on at `clock_hz`;
+    GPUs 1-7 busy at a 1410 MHz lock for the first `peers_busy_polls` polls, idle after."""
+
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        if k < peers_busy_polls:
+            return [busy(i, 1410e6) for i in range(8)]
+        idle = [
+            gpu(i, sm_clock_hertz=345e6, utilization_gpu_ratio=0.0, clocks_event_reasons=IDLE)
+            for i in range(1, 8)
+        ]
+        return [busy(0, clock_hz), *idle]
+
+    history = History(max_age_seconds=3600.0)
+    return timeline(polls, gpus_at, history=history), last_time(polls)
+
+
+def test_a_lone_busy_gpu_with_no_peer_busy_in_the_history_never_goes_critical() -> None:
+    history, now = lone_gpu(1410e6, peers_busy_polls=0, polls=QUARTER_HOUR)
+    (finding,) = clocks.run(history, now, CONFIG).findings
+    assert (finding.subject, finding.severity) == ("gpu:0", Severity.WARN)
+    assert finding.evidence["second_reference"] == "none"
+    assert "no second reference" in finding.message
+
+
+def test_a_lone_busy_gpu_at_its_peers_last_busy_clock_is_not_drifting() -> None:
+    history, now = lone_gpu(1410e6, peers_busy_polls=30, polls=30 + QUARTER_HOUR)
+    assert clocks.run(history, now, CONFIG).findings == ()
+
+
+def test_a_lone_busy_gpu_well_below_its_peers_last_busy_clock_is_critical() -> None:
+    history, now = lone_gpu(990e6, peers_busy_polls=30, polls=30 + QUARTER_HOUR)
+    (finding,) = clocks.run(history, now, CONFIG).findings
+    assert finding.severity is Severity.CRITICAL
+    assert finding.evidence["peers_last_busy_hertz"] == 1410e6
+    assert "70% of its peers' last busy clocks" in finding.message
+
+
+def test_peers_busy_before_the_history_began_are_no_reference() -> None:
+    # Busy for the first 5 minutes, idle for the 65 after: the hour kept holds
+    # none of their busy samples.
+    history, now = lone_gpu(1410e6, peers_busy_polls=30, polls=6 * 70)
+    (finding,) = clocks.run(history, now, CONFIG).findings
+    assert finding.severity is Severity.WARN
+    assert finding.evidence["second_reference"] == "none"

@@ -14,7 +14,7 @@ from gpuwatchd.checks import clocks, thermal
 from gpuwatchd.checks.clocks import ClocksConfig
 from gpuwatchd.checks.thermal import ThermalConfig
 from gpuwatchd.history import History
-from gpuwatchd.model import Severity
+from gpuwatchd.model import CLOCKS_EVENT_REASONS, Severity
 from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION
 from gpuwatchd.sources.nvml import counter_ids
 
@@ -44,6 +44,16 @@ def test_locked_clocks_read_as_the_driver_reports_them_no_reason_and_max_unchang
             assert sample.sm_max_clock_hertz == 1980e6
             assert sample.clocks_event_reasons == 0
             assert sample.sm_application_clock_hertz == sample.sm_default_application_clock_hertz
+
+
+def test_an_idle_gpu_reads_as_the_driver_reports_one_no_load_idle_clock_and_reason() -> None:
+    with simulated_node("[{at: 0s, kind: gpu_idle, gpu: 1}]") as node:
+        busy, idle = node.poll_at(30).gpus or ()
+    assert (idle.utilization_gpu_ratio, idle.utilization_memory_ratio) == (0.0, 0.0)
+    assert idle.sm_clock_hertz == 345e6 and idle.power_watts == 70.0
+    assert idle.clocks_event_reasons == CLOCKS_EVENT_REASONS["gpu_idle"]
+    assert busy.utilization_gpu_ratio is not None and busy.utilization_gpu_ratio >= 0.85
+    assert busy.clocks_event_reasons == 0
 
 
 def test_eight_busy_gpus_locked_at_1410_mhz_are_not_drifting() -> None:

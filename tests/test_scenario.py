@@ -61,6 +61,7 @@ def test_every_builtin_scenario_parses() -> None:
         ("faults: [{at: 1s, kind: clock_drift, gpu: 0, ratio: 1.5}]", "ratio must be between"),
         ("faults: [{at: 1s, kind: clocks_locked, mhz: 0}]", "mhz must be a clock in MHz"),
         ("faults: [{at: 1s, kind: clocks_locked, mhz: 1.5}]", "mhz must be a whole number"),
+        ("faults: [{at: 1s, kind: gpu_idle}]", r"fault 1 \(gpu_idle\): missing field\(s\) gpu"),
         ("node: {gpus: 2}\nfaults: [{at: 1s, kind: xid, gpu: 2, code: 79}]", "node has 2 GPUs"),
         ("nodes: {}", r"unknown key\(s\) nodes"),
         (

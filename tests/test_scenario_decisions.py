@@ -48,6 +48,8 @@ class Expected:
     node_quarantined: bool = False
     # The README decision table's row (its first cell) that shows this kind.
     row: str | None = None
+    # Faults on the node from its start, beside the one measured.
+    beside: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,19 @@ CASES: dict[str, Expected] = {
         decision=1150,
         node_quarantined=True,
         row="`clock_drift`",
+    ),
+    # An operator's lock with one GPU busy and its peers idle all along: no
+    # second reference tells the lock from a fault (checks/clocks.py).
+    "clocks_locked_one_gpu_busy": Expected(
+        "{kind: clocks_locked, mhz: 1410}",
+        "gpu:0",
+        "clock_drift",
+        Severity.WARN,
+        Health.DEGRADED,
+        finding=40,
+        decision=70,
+        row="`clocks_locked` with one GPU busy, the others `gpu_idle` all along",
+        beside=", ".join(f"{{at: 0s, kind: gpu_idle, gpu: {gpu}}}" for gpu in (1, 2, 3)),
     ),
     "pcie_downtrained": Expected(
         "{kind: pcie_downtrained, gpu: 1, width: 8}",
@@ -405,8 +420,9 @@ CASES: dict[str, Expected] = {
 }
 
 
-def _scenario(fault: str, at: float = FAULT_AT) -> str:
-    return NODE + f"faults: [{fault[:-1]}, at: {at:g}s}}]\n"
+def _scenario(fault: str, at: float = FAULT_AT, beside: str = "") -> str:
+    faults = f"{beside}, " if beside else ""
+    return NODE + f"faults: [{faults}{fault[:-1]}, at: {at:g}s}}]\n"
 
 
 def _run_to_decision(sim: SimulatedDaemon, expected: Expected, fault_at: float) -> Decided:
@@ -450,7 +466,8 @@ def test_on_a_long_running_daemon_each_kind_is_found_and_decided_as_measured(
     kind: str, tmp_path: Path
 ) -> None:
     expected = CASES[kind]
-    with simulated_daemon(_scenario(expected.fault, LONG_RUNNING), tmp_path) as sim:
+    scenario = _scenario(expected.fault, LONG_RUNNING, expected.beside)
+    with simulated_daemon(scenario, tmp_path) as sim:
         decided = _run_to_decision(sim, expected, LONG_RUNNING)
         assert decided.decision is not None, f"{kind}: never {expected.health.label}"
         _assert_outcome(sim.daemon.snapshot, expected)
@@ -462,7 +479,7 @@ def test_a_fault_there_when_the_daemon_starts_is_decided_as_soon_give_or_take_a_
     kind: str, tmp_path: Path
 ) -> None:
     expected = CASES[kind]
-    with simulated_daemon(_scenario(expected.fault), tmp_path) as sim:
+    with simulated_daemon(_scenario(expected.fault, beside=expected.beside), tmp_path) as sim:
         decided = _run_to_decision(sim, expected, FAULT_AT)
         assert decided.decision is not None, f"{kind}: never {expected.health.label}"
         _assert_outcome(sim.daemon.snapshot, expected)
@@ -507,6 +524,15 @@ def test_the_readme_decision_table_shows_the_long_running_figures() -> None:
 def test_power_cap_is_not_a_fault(tmp_path: Path) -> None:
     with simulated_daemon(_scenario("{kind: power_cap, gpu: 1}"), tmp_path) as sim:
         snapshot = sim.run_until(900)
+    assert snapshot.node_health is Health.HEALTHY
+    assert [f for f in snapshot.findings if f.severity is not Severity.OK] == []
+
+
+def test_an_idle_gpu_beside_busy_ones_is_not_a_fault(tmp_path: Path) -> None:
+    with simulated_daemon(_scenario("{kind: gpu_idle, gpu: 1}"), tmp_path) as sim:
+        snapshot = sim.run_until(900)
+    idle = next(g for g in snapshot.gpus if g.index == 1)
+    assert idle.utilization_gpu_ratio == 0.0
     assert snapshot.node_health is Health.HEALTHY
     assert [f for f in snapshot.findings if f.severity is not Severity.OK] == []
 

@@ -154,6 +154,30 @@ def test_thermal_fault_ramps_up_holds_and_cools() -> None:
     assert node.state(0).violation_ns["thermal"] == 40 * 10**9
 
 
+def test_idle_gpus_drop_to_their_idle_clock_and_power_while_the_others_stay_busy() -> None:
+    faults = "[{at: 60s, kind: gpu_idle, gpu: 1, for: 10m}, {at: 0s, kind: gpu_idle, gpu: 2}]"
+    node = hardware(faults, gpus=4)
+    node.advance(START + 120)
+    states = [node.state(i) for i in range(4)]
+    for state in states[1:3]:
+        assert (state.utilization_gpu_percent, state.utilization_memory_percent) == (0, 0)
+        assert (state.sm_clock_mhz, state.power_milliwatts) == (345, 70_000)
+        assert state.clocks_event_reasons == 0x1  # NVML's GpuIdle
+    for state in (states[0], states[3]):
+        assert state.utilization_gpu_percent >= 85 and state.sm_clock_mhz >= 1950
+        assert state.clocks_event_reasons == 0
+    # An idle GPU does not brush its power limit; it is busy again once the fault ends.
+    node.advance(START + 900)
+    assert node.state(2).violation_ns["power"] == 0
+    assert node.state(1).utilization_gpu_percent >= 85
+
+
+def test_an_idle_a100_idles_at_its_own_clock() -> None:
+    node = hardware("[{at: 0s, kind: gpu_idle, gpu: 0}]", model=A100)
+    node.advance(START + 30)
+    assert node.state(0).sm_clock_mhz == 210
+
+
 # -- the fake library under nvidia-ml-py --------------------------------------------
 
 

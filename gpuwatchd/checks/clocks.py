@@ -1,12 +1,12 @@
 """Clock-drift check: a busy GPU running slower than its peers with no reason given.
 
 Reads each GPU's SM clock, its maximum and application SM clocks, its
-utilisation and its clocks-event reason bits. A sample counts only when the
-GPU is busy and no reason bit explains a lower clock (power cap, thermal,
-idle, sync boost...): what is left is a GPU that is slow for no stated
-reason, the classic straggler of a synchronous training job. Drift in the
-latest window warns; drift in every one of the last `critical_windows`
-windows is critical.
+utilisation, its clocks-event reason bits and its model. A sample counts only
+when the GPU is busy and no reason bit explains a lower clock (power cap,
+thermal, idle, sync boost...): what is left is a GPU that is slow for no
+stated reason, the classic straggler of a synchronous training job. Drift in
+the latest window warns; drift in every one of the last `critical_windows`
+windows, each with a second reference, is critical.
 
 Drift is judged against the clock the GPU is allowed to run at. Application
 clocks an operator set (`nvidia-smi -ac`) are read back from the driver
@@ -14,14 +14,31 @@ clocks an operator set (`nvidia-smi -ac`) are read back from the driver
 (`nvidia-smi -lgc`) are not: nvml.h has setters for them and no getter, and a
 locked GPU sets no clocks-event reason (nvml.h marks ApplicationsClocksSetting
 "No longer used" from CUDA 13.0). So a GPU below its allowed clock whose
-clock agrees with the node's other busy GPUs is not drifting: a node-wide
-clock is an operator's setting, not a hardware fault. A GPU below its locked
-peers is still judged against them.
+clock agrees with the other busy GPUs of its model is not drifting: a
+node-wide clock is an operator's setting, not a hardware fault. A GPU below
+its locked peers is still judged against them. GPUs are compared with GPUs
+of their own model only: a node may mix models.
+
+Only a second reference, a peer's clock, tells a lock from a fault, so
+without one drift is never critical. A GPU that is the only busy one of its
+model in a window is held to its peers' last busy clocks: each other GPU's
+mean over the window that ends at its last busy sample within the history.
+With none (no peer was busy within the history) it warns at most. The clock
+a GPU reaches under a canary burst would be such a reference too, but a
+canary result carries the daemon's last NVML sample when the result arrived,
+not a reading under the burst, so it is not used.
+
+Cost per poll: the samples of the `critical_windows` windows of every GPU.
+The peers' last busy clocks, needed only when some window has a GPU busy
+alone, add a bisection and one window of samples per GPU: the last busy
+sample is found from the Track's change marks, which take in each sample
+once as it arrives, not by a scan of the hour.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -53,14 +70,15 @@ class ClocksConfig:
     # loaded GPU say nothing about its health.
     busy_ratio: float = 0.8
     # Drift when the SM clock is this far below the median of the busy GPUs of
-    # the node. GPUs of one HGX board differ by a few percent (per-chip boost
-    # bins); 10% is outside that spread.
+    # its model on the node. GPUs of one HGX board differ by a few percent
+    # (per-chip boost bins); 10% is outside that spread.
     peer_drop_ratio: float = 0.1
     # Drift when the SM clock is this far below the clock the GPU may run at
     # (its maximum, or the application clock target an operator set) with no
-    # reason given, unless its clock agrees with the node's other busy GPUs:
-    # NVML reports a reason for the driver's own cuts, but none for an
-    # operator's lock, which holds every GPU of the node alike.
+    # reason given, unless its clock agrees with the other busy GPUs of its
+    # model (or, busy alone, with their last busy clocks): NVML reports a
+    # reason for the driver's own cuts, but none for an operator's lock, which
+    # holds every GPU of the node alike.
     max_drop_ratio: float = 0.2
     # Fewer busy GPUs than this make no peer median (two GPUs cannot tell
     # which of them is the slow one); the comparison with the allowed clock
@@ -92,6 +110,15 @@ class ClocksConfig:
 
 
 @dataclass(frozen=True)
+class _Mean:
+    """One GPU's mean unexplained busy SM clock over a window, and its last
+    busy sample there (its model and allowed clocks)."""
+
+    hertz: float
+    sample: GpuSample
+
+
+@dataclass(frozen=True)
 class _Clock:
     """One GPU over one window: its mean unexplained busy SM clock and how it compares."""
 
@@ -99,10 +126,13 @@ class _Clock:
     # The clock it may run at: its maximum or an application clock target set below it.
     allowed_hertz: float | None
     application_clocks: bool  # whether allowed_hertz is an application clock target
-    # Median of the window's busy GPUs when there are at least min_peers of them.
+    # Median of the window's busy GPUs of its model when there are at least min_peers.
     peer_median_hertz: float | None
-    # Whether its clock is within peer_drop_ratio of the other busy GPUs' median.
-    agrees_with_node: bool
+    # Its second reference: the median of the window's busy GPUs of its model
+    # (itself among them) when it is not alone, else the median of its peers'
+    # last busy clocks; None when it has neither.
+    reference_hertz: float | None
+    alone: bool  # the only busy GPU of its model in the window
 
     @property
     def peer_ratio(self) -> float | None:
@@ -112,6 +142,15 @@ class _Clock:
     def allowed_ratio(self) -> float | None:
         return None if not self.allowed_hertz else self.mean_hertz / self.allowed_hertz
 
+    @property
+    def reference_ratio(self) -> float | None:
+        return None if not self.reference_hertz else self.mean_hertz / self.reference_hertz
+
+    def agrees_with_node(self, config: ClocksConfig) -> bool:
+        """Within peer_drop_ratio of its second reference: a node-wide clock."""
+        ratio = self.reference_ratio
+        return ratio is not None and abs(ratio - 1) <= config.peer_drop_ratio
+
     def drifting(self, config: ClocksConfig) -> bool:
         peer, allowed = self.peer_ratio, self.allowed_ratio
         if peer is not None and peer < 1 - config.peer_drop_ratio:
@@ -119,13 +158,15 @@ class _Clock:
         return (
             allowed is not None
             and allowed < 1 - config.max_drop_ratio
-            and not self.agrees_with_node
+            and not self.agrees_with_node(config)
         )
 
 
 def run(history: History, now: float, config: ClocksConfig) -> CheckOutput:
     spans = windows(now, config.window, config.critical_windows)
-    judged = [_window_clocks(history, start, end, config) for start, end in spans]
+    means = [_window_means(history, start, end, config) for start, end in spans]
+    last_busy = _last_busy_clocks(history, config) if any(map(_has_lone_gpu, means)) else {}
+    judged = [_judge(window, last_busy, config) for window in means]
     latest_window = judged[0]
     findings: list[Finding] = []
     measurements: list[Measurement] = []
@@ -138,7 +179,12 @@ def run(history: History, now: float, config: ClocksConfig) -> CheckOutput:
                 Measurement("gpu_clock_drift_ratio", gpu_labels(sample), clock.peer_ratio)
             )
         if clock.drifting(config):
-            lasting = all(index in window and window[index].drifting(config) for window in judged)
+            lasting = all(
+                index in window
+                and window[index].drifting(config)
+                and window[index].reference_hertz is not None
+                for window in judged
+            )
             findings.append(_finding(sample, clock, lasting, config))
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
 
@@ -155,47 +201,108 @@ def _allowed_clock(sample: GpuSample) -> tuple[float | None, bool]:
     return top, False
 
 
-def _window_clocks(
+def _window_means(
     history: History, start: float, end: float, config: ClocksConfig
-) -> dict[int, _Clock]:
-    means: dict[int, tuple[float, GpuSample]] = {}
+) -> dict[int, _Mean]:
+    means = {}
     for index in history.gpu_indices():
-        busy = [
-            sample
-            for sample in history.gpu_track(index).between(start, end)
-            if _unexplained_busy(sample, config)
-        ]
-        clocks = [sample.sm_clock_hertz for sample in busy if sample.sm_clock_hertz is not None]
-        if clocks:
-            means[index] = (statistics.fmean(clocks), busy[-1])
-    median = statistics.median(mean for mean, _ in means.values()) if means else None
+        mean = _busy_mean(history.gpu_track(index).between(start, end), config)
+        if mean is not None:
+            means[index] = mean
+    return means
+
+
+def _busy_mean(samples: list[GpuSample], config: ClocksConfig) -> _Mean | None:
+    """The mean SM clock of the unexplained busy samples among these, if any."""
+    clocks, last = [], None
+    for sample in samples:
+        clock = _unexplained_busy_clock(sample, config)
+        if clock is not None:
+            clocks.append(clock)
+            last = sample
+    return None if last is None else _Mean(statistics.fmean(clocks), last)
+
+
+def _by_model(means: dict[int, _Mean]) -> dict[str | None, list[float]]:
+    clocks: dict[str | None, list[float]] = defaultdict(list)
+    for mean in means.values():
+        clocks[mean.sample.name].append(mean.hertz)
+    return clocks
+
+
+def _has_lone_gpu(means: dict[int, _Mean]) -> bool:
+    return any(len(clocks) == 1 for clocks in _by_model(means).values())
+
+
+def _last_busy_clocks(history: History, config: ClocksConfig) -> dict[int, _Mean]:
+    """Each GPU's mean clock over the window that ends at its last unexplained
+    busy sample within the history, for the GPUs busy at all in it."""
+    key = (NAME, "busy", config.busy_ratio, config.explaining_mask)
+
+    def busy(sample: GpuSample) -> bool:
+        return _unexplained_busy_clock(sample, config) is not None
+
+    clocks = {}
+    for index in history.gpu_indices():
+        # A GPU's track keeps at least its latest sample. From `changed` on,
+        # every sample is busy or every one is not: the last busy sample is
+        # the latest one, or the one just before `changed` (none at 0).
+        track = history.gpu_track(index)
+        changed = track.last_change(key, busy)
+        last = len(track) - 1 if busy(track.samples[-1]) else changed - 1
+        if last < 0:
+            continue
+        end = track.times[last]
+        mean = _busy_mean(track.between(end - config.window, end), config)
+        if mean is not None:
+            clocks[index] = mean
+    return clocks
+
+
+def _judge(
+    means: dict[int, _Mean], last_busy: dict[int, _Mean], config: ClocksConfig
+) -> dict[int, _Clock]:
+    by_model = _by_model(means)
     judged = {}
-    for index, (mean, sample) in means.items():
-        allowed, application = _allowed_clock(sample)
+    for index, mean in means.items():
+        busy = by_model[mean.sample.name]
+        median = statistics.median(busy)
+        alone = len(busy) == 1
+        allowed, application = _allowed_clock(mean.sample)
         judged[index] = _Clock(
-            mean_hertz=mean,
+            mean_hertz=mean.hertz,
             allowed_hertz=allowed,
             application_clocks=application,
-            peer_median_hertz=median if len(means) >= config.min_peers else None,
-            agrees_with_node=(
-                median is not None
-                and len(means) >= 2
-                and abs(mean / median - 1) <= config.peer_drop_ratio
-            ),
+            peer_median_hertz=median if len(busy) >= config.min_peers else None,
+            reference_hertz=_peers_last_busy(index, mean, last_busy) if alone else median,
+            alone=alone,
         )
     return judged
 
 
-def _unexplained_busy(sample: GpuSample, config: ClocksConfig) -> bool:
-    """Busy, with every reason bit known and none that explains a lower clock.
-    Unknown utilisation or reasons cannot rule an explanation out."""
-    return (
+def _peers_last_busy(index: int, mean: _Mean, last_busy: dict[int, _Mean]) -> float | None:
+    """The median of the last busy clocks of the other GPUs of its model; None
+    when none of them was busy within the history."""
+    peers = [
+        other.hertz
+        for other_index, other in last_busy.items()
+        if other_index != index and other.sample.name == mean.sample.name
+    ]
+    return statistics.median(peers) if peers else None
+
+
+def _unexplained_busy_clock(sample: GpuSample, config: ClocksConfig) -> float | None:
+    """The SM clock of a sample busy with every reason bit known and none that
+    explains a lower clock; None for any other. Unknown utilisation or reasons
+    cannot rule an explanation out."""
+    unexplained_busy = (
         sample.up
         and sample.utilization_gpu_ratio is not None
         and sample.utilization_gpu_ratio >= config.busy_ratio
         and sample.clocks_event_reasons is not None
         and not sample.clocks_event_reasons & config.explaining_mask
     )
+    return sample.sm_clock_hertz if unexplained_busy else None
 
 
 def _finding(sample: GpuSample, clock: _Clock, lasting: bool, config: ClocksConfig) -> Finding:
@@ -211,6 +318,8 @@ def _finding(sample: GpuSample, clock: _Clock, lasting: bool, config: ClocksConf
         evidence["allowed_clock_hertz"] = round(clock.allowed_hertz)
         evidence["allowed_ratio"] = round(clock.allowed_ratio, 4)
         parts.append(f"{clock.allowed_ratio:.0%} of its {what}")
+    if clock.alone:
+        parts.append(_alone_part(clock, evidence))
     if lasting:
         parts.append(f"for {span:g}s")
     return Finding(
@@ -224,3 +333,16 @@ def _finding(sample: GpuSample, clock: _Clock, lasting: bool, config: ClocksConf
         action=Action.INSPECT_HARDWARE if lasting else Action.NONE,
         evidence=evidence,
     )
+
+
+def _alone_part(clock: _Clock, evidence: dict[str, float | int | str]) -> str:
+    """What a GPU busy alone was held to: its peers' last busy clocks, or nothing."""
+    if clock.reference_hertz is None or clock.reference_ratio is None:
+        evidence["second_reference"] = "none"
+        return (
+            "the only busy GPU of its model, no peer busy within the history: "
+            "no second reference to tell a fault from a lock, so a warning at most"
+        )
+    evidence["second_reference"] = "peers_last_busy"
+    evidence["peers_last_busy_hertz"] = round(clock.reference_hertz)
+    return f"{clock.reference_ratio:.0%} of its peers' last busy clocks"

@@ -82,6 +82,7 @@ _THERMAL_REASONS = (
     | CLOCKS_EVENT_REASONS["hw_slowdown"]
 )
 _POWER_CAP_REASON = CLOCKS_EVENT_REASONS["sw_power_cap"]
+_IDLE_REASON = CLOCKS_EVENT_REASONS["gpu_idle"]
 # An external power brake (the system's power supply asserting it) engages HW
 # slowdown, reported as both bits (nvml.h: HwSlowdown "is an indicator of ...
 # External Power Brake Assertion").
@@ -143,6 +144,13 @@ class GpuSpec:
     # hosts are Gen5.
     pcie_max_generation: int = 5
     pcie_max_width: int = 16
+    # What an idle board reads (no process running): the SM clock it falls to
+    # and its power draw. `nvidia-smi` on an idle H100 SXM commonly shows
+    # 345 MHz and about 70 W, an A100 SXM 210 MHz and about 55 W, a V100 SXM2
+    # 135 MHz and about 40 W (figures reported by users, not captured here;
+    # the B200's are assumed equal to the H100's).
+    idle_sm_mhz: int = 345
+    idle_power_watts: float = 70.0
 
     @property
     def memory_total_bytes(self) -> int:
@@ -233,6 +241,8 @@ SPECS: Mapping[str, GpuSpec] = {
             memory_banks=640,
             memory_total_mib=81920,
             pcie_max_generation=4,
+            idle_sm_mhz=210,
+            idle_power_watts=55.0,
         ),
         GpuSpec(
             name="NVIDIA B200",
@@ -262,6 +272,8 @@ SPECS: Mapping[str, GpuSpec] = {
             busy_power_watts=(210.0, 295.0),
             memory_total_mib=32768,
             pcie_max_generation=3,
+            idle_sm_mhz=135,
+            idle_power_watts=40.0,
             shutdown_celsius=90,
             slowdown_celsius=87,
             gpu_max_operating_celsius=83,
@@ -598,7 +610,15 @@ class _GpuModel:
         for fault in self._of("clock_drift"):
             if fault.active(t):
                 sm_clock *= fault.ratio or DEFAULT_CLOCK_DRIFT_RATIO
+        # With nothing to run, the driver drops the clocks and says why.
+        if self._idle(t):
+            reasons |= _IDLE_REASON
+            sm_clock = min(sm_clock, spec.idle_sm_mhz)
+            power = min(power, spec.idle_power_watts)
         return _OperatingPoint(temperature, reasons, sm_clock, power)
+
+    def _idle(self, t: float) -> bool:
+        return _any_active(self._of("gpu_idle"), t)
 
     def _energy_joules(self, t: float) -> float:
         """Energy drawn by time t: the power integrated over ENERGY_STEP_S
@@ -650,6 +670,7 @@ class _GpuModel:
         point = self._operating_point(t)
         temperature = point.temperature
         generation, width = self._pcie_link(t)
+        idle = self._idle(t)
         return GpuState(
             lost=_any_active(self._of("gpu_lost"), t),
             temperature_celsius=round(temperature),
@@ -663,8 +684,8 @@ class _GpuModel:
             pcie_width=width,
             pcie_replays=_grown(self._of("pcie_replay_storm"), t),
             fabric=self._fabric(t),
-            utilization_gpu_percent=background.utilization_at(t),
-            utilization_memory_percent=background.memory_utilization_at(t),
+            utilization_gpu_percent=0 if idle else background.utilization_at(t),
+            utilization_memory_percent=0 if idle else background.memory_utilization_at(t),
             clocks_event_reasons=point.reasons,
             violation_ns=self._violation_ns(t),
             ecc_errors=self._ecc_errors(t),
@@ -683,7 +704,9 @@ class _GpuModel:
         return tuple(f for f in self._of("nvml_error") if f.active(t))
 
     def _violation_ns(self, t: float) -> dict[str, int]:
-        power_s = self._background.power_violation_share * t
+        # Only a busy GPU brushes its power limit.
+        idle_s = sum(f.elapsed(t) for f in self._of("gpu_idle"))
+        power_s = self._background.power_violation_share * max(0.0, t - idle_s)
         power_s += sum(f.elapsed(t) for f in self._of("power_cap"))
         # Thermal violation time runs while the GPU sits at its throttle point,
         # from the end of the ramp up to the end of the fault.
@@ -807,6 +830,7 @@ _GPU_FAULT_KINDS = frozenset(
         "power_brake",
         "clock_drift",
         "clocks_locked",
+        "gpu_idle",
         "nvlink_crc_storm",
         "nvlink_down",
         "nvlink_inactive",

@@ -20,7 +20,9 @@ enumerated by NVML) describe the node from boot and start at 0s.
 answer an NVML error `code` (`NOT_SUPPORTED`, `TIMEOUT`, `GPU_IS_LOST`... or
 its number) on one GPU, optionally on one NVLink only; `recovery_action` sets
 the driver's GPU recovery action (`gpu_reset`, `node_reboot`, `drain_p2p`,
-`drain_and_reset`...).
+`drain_and_reset`...). `gpu_idle` leaves one GPU without a job while the
+others stay busy (utilisation 0, its idle clock and power, NVML's `gpu_idle`
+clocks-event reason); one fault per idle GPU.
 `node: {capture: FILE}` runs on a node captured by `gpuwatchd capture` (a
 relative FILE is found beside the scenario file): its shape is the capture's,
 and the faults are checked against it (docs/capture.md).
@@ -63,6 +65,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "clock_drift": (frozenset({"gpu"}), frozenset({"ratio"})),
     # An operator's `nvidia-smi -lgc <mhz>` on one GPU, or on all without `gpu`.
     "clocks_locked": (frozenset({"mhz"}), frozenset({"gpu"})),
+    # A GPU with no job while the others stay busy: utilisation 0, its clocks
+    # and power at idle, NVML's gpu_idle clocks-event reason set.
+    "gpu_idle": (frozenset({"gpu"}), frozenset()),
     "nvlink_crc_storm": (frozenset({"gpu", "link", "rate"}), frozenset()),
     "nvlink_down": (frozenset({"gpu", "link"}), frozenset()),
     "nvlink_inactive": (frozenset({"gpu"}), frozenset({"link"})),
