@@ -73,12 +73,13 @@ def build_canary(
             kernel_cache=kernels,
         )
     start = clock.now()
+    models = scenario.node.distinct_models
     return CanaryAgent(
         canary_config,
         clock,
         gpu_backend=backend,
         host_cores=cores,
-        stand_in=StandIn(scenario.node.model, spec_for(scenario.node.model).sm_count),
+        stand_ins=tuple(StandIn(model, spec_for(model).sm_count) for model in models),
         faults=ScenarioFaults(scenario, lambda: clock.now() - start),
         digest_path=digests,
         runner=runner,
