@@ -35,7 +35,8 @@ from gpuwatchd.canary.result import CanaryResult, Outcome
 from gpuwatchd.canary.spec import CanarySpec, default_suite
 
 POLL = 10.0
-GPUS = tuple(f"gpu:{i}" for i in range(8))
+# Eight GPUs of one model: each the others' peer.
+GPUS = dict.fromkeys((f"gpu:{i}" for i in range(8)), "NVIDIA H100 80GB HBM3, 132 SMs")
 SUSPECT = "gpu:3"
 SUITE = default_suite("cuda", 1, 1, 1 << 28)
 CANARIES = [s for s in SUITE if s.kind not in ("gemm_random",)]
@@ -58,6 +59,7 @@ def _result(target: str, outcome: Outcome, spec: CanarySpec, seed: int) -> Canar
         result=outcome,
         duration_seconds=0.1,
         gpu=int(target.split(":")[1]),
+        uuid=f"GPU-{target.split(':')[1]}",
         mismatch_count=1 if outcome == "mismatch" else 0,
     )
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
-from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, FaultSpec, sdc_faults
+from gpuwatchd.canary.faults import ScenarioFaults
 from gpuwatchd.canary.modes import read_modes
 from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
 from gpuwatchd.clock import Clock
@@ -40,8 +40,9 @@ def build_canary(
     executor: Executor | None = None,
 ) -> CanaryAgent | None:
     """The canary agent (None when canaries are off). On a simulated node the
-    CPU backend stands in for each GPU and the scenario's `sdc` faults
-    corrupt the stand-in of the GPUs they name, while they are active.
+    CPU backend stands in for each GPU, as its model with its SM count, and
+    the scenario's `sdc` faults corrupt the stand-in of the GPUs they name,
+    while they are active.
     `runner` and `executor` say where bursts run (worker processes by default)."""
     if not config.canary.enabled:
         return None
@@ -72,17 +73,14 @@ def build_canary(
             kernel_cache=kernels,
         )
     start = clock.now()
-
-    def faults(gpu: int) -> tuple[FaultSpec, ...]:
-        return sdc_faults(scenario, clock.now() - start).get(gpu, ())
-
+    models = scenario.node.distinct_models
     return CanaryAgent(
         canary_config,
         clock,
         gpu_backend=backend,
         host_cores=cores,
-        stand_in=StandIn(scenario.node.model, SIMULATED_SM_COUNT),
-        faults=faults,
+        stand_ins=tuple(StandIn(model, spec_for(model).sm_count) for model in models),
+        faults=ScenarioFaults(scenario, lambda: clock.now() - start),
         digest_path=digests,
         runner=runner,
         executor=executor,
@@ -128,13 +126,17 @@ def _expecting_the_scenario_node(config: Config, scenario: scenarios.Scenario) -
     """The scenario's node shape is what its hardware should have (faults such
     as `gpu_missing` and `nvlink_inactive` take from it); unless configured,
     expect that many GPUs and NVLinks, not what the first start, the fabric or
-    the links seen up say."""
+    the links seen up say. On a node that mixes models, the fewest NVLinks any
+    of its GPUs has: `expected_links` is one count for every GPU, and more
+    would call every GPU of the smaller model short of links (critical, a
+    quarantine)."""
+    node = scenario.node
     checks = config.checks
     if checks.gpu_lost.expected_gpus is None:
-        gpus = replace(checks.gpu_lost, expected_gpus=scenario.node.gpus)
+        gpus = replace(checks.gpu_lost, expected_gpus=node.gpus)
         checks = replace(checks, gpu_lost=gpus)
     if checks.nvlink.expected_links is None:
-        count = min(scenario.node.nvlinks, spec_for(scenario.node.model).nvlinks)
+        count = min(min(node.nvlinks, spec_for(m).nvlinks) for m in node.distinct_models)
         links = replace(checks.nvlink, expected_links=count)
         checks = replace(checks, nvlink=links)
     return replace(config, checks=checks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,7 +51,7 @@ def agent(
         config or CanaryConfig(host_cores=False),
         clock,
         gpu_backend="cpu",
-        stand_in=StandIn("NVIDIA H100 80GB HBM3", 132),
+        stand_ins=(StandIn("NVIDIA H100 80GB HBM3", 132),),
         faults=faults,
         runner=run_in_process,
         executor=InlineExecutor(),
@@ -94,7 +95,7 @@ def test_a_gpu_with_a_consistent_wrong_answer_is_confirmed_within_three_polls() 
     assert "gpuwatchd_canary_runs" in names and "gpuwatchd_canary_tflops" in names
 
 
-def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() -> None:
+def test_a_fault_in_many_canaries_of_one_burst_is_watched_and_kept_on_record() -> None:
     clock = FakeClock()
     bursts = {"gpu 1": 0}
 
@@ -108,21 +109,48 @@ def test_a_fault_in_many_canaries_of_one_burst_confirms_though_not_reproduced() 
     canaries = agent(clock, first_burst_only, CanaryConfig(host_cores=False))
     canaries.keep_history(store.canary)
     node = gpus(3)
+    started = clock.now()
     for _ in range(3):
         view = canaries.poll(node)
         clock.advance(POLL)
     # Every canary with a known answer went wrong in the burst (five exact
     # GEMMs, three chains, the conversions, two tensor-core tiles), the
     # re-run on gpu:1 did not, and the sibling computed every one of them
-    # right: eleven mismatches of gpu:1's own.
+    # right: eleven mismatches of gpu:1's own, and one observation of it.
     [finding] = view.findings
-    assert finding.code == "sdc_confirmed" and finding.evidence["mismatches_on_record"] == 11
+    assert (finding.subject, finding.code) == ("gpu:1", "sdc_suspected")
     # The history is in the state database, for the next daemon.
     records = store.canary.since(0.0)
     assert len(records) == 11 and {r["target"] for r in records} == {"gpu:1"}
+    assert {(r["uuid"], r["burst_time"]) for r in records} == {("GPU-1", started + POLL)}
     restarted = agent(clock, config=CanaryConfig(host_cores=False))
     restarted.keep_history(store.canary)
     assert restarted._confirm.history == canaries._confirm.history
+
+
+def test_the_history_of_a_gpu_gone_from_the_node_is_forgotten() -> None:
+    # Rows as an earlier version kept them (no burst time): GPU-1 is on the
+    # node, GPU-9 was replaced, cpu:0 is a host core.
+    rows = [
+        {"time": 100.0, "target": target, "canary": "int_chain_u32", "seed": 1}
+        | {"sibling_clear": True, "reproduced": False, "uuid": uuid}
+        for target, uuid in (("gpu:1", "GPU-1"), ("gpu:1", "GPU-9"), ("cpu:0", None))
+    ]
+    store = Store.in_memory()
+    store.canary.append(rows)
+    clock = FakeClock(1000.0)
+    canaries = agent(clock, config=CanaryConfig(host_cores=False, when="idle"))
+    canaries.keep_history(store.canary)
+    assert [m.burst for m in canaries._confirm.history] == [100.0] * 3
+    # A poll in which NVML enumerates nothing, or a GPU whose UUID it cannot
+    # read, forgets nothing: it cannot tell which boards left.
+    busy = gpus(3, utilization=0.9)
+    canaries.poll([])
+    canaries.poll([*busy[:2], replace(busy[2], uuid=None)])
+    assert len(canaries._confirm.history) == 3
+    canaries.poll(busy)
+    kept = canaries._confirm.history
+    assert [(m.target, m.uuid) for m in kept] == [("gpu:1", "GPU-1"), ("cpu:0", None)]
 
 
 def test_a_mismatch_history_that_cannot_be_read_starts_afresh() -> None:

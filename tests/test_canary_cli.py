@@ -43,6 +43,19 @@ def test_a_simulated_v100_runs_no_tensor_core_tile(tmp_path: Path) -> None:
     assert "mma_" not in output
 
 
+def test_a_node_that_mixes_models_runs_each_gpu_as_its_model(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.yaml"
+    path.write_text('node: {models: ["NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-32GB"]}\n')
+    code, output = run("--simulate", str(path), "--json")
+    assert code == 0, output
+    results = json.loads(output)
+    assert {r["gpu"]: r["sm_count"] for r in results} == {0: 132, 1: 80}
+    tiles = {r["gpu"] for r in results if r["canary"].startswith("mma_")}
+    assert tiles == {0}  # a V100 has no INT8 or FP8 tensor cores
+    digests = {r["gpu"]: r["environment"] for r in results if r["canary"] == "gemm_random_fp32"}
+    assert digests[0].startswith("NVIDIA H100") and digests[1].startswith("Tesla V100")
+
+
 def test_a_gpu_with_silent_data_corruption_fails_the_run(tmp_path: Path) -> None:
     code, output = run("--simulate", scenario(tmp_path, SDC_ON_GPU_1), "--json")
     assert code == 1, output
@@ -92,6 +105,10 @@ def test_what_cannot_run_exits_2(tmp_path: Path) -> None:
     bad_mode = scenario(tmp_path, "  - {at: 0s, kind: sdc, gpu: 0, mode: cosmic}\n")
     code, output = run("--simulate", bad_mode)
     assert code == 2 and "unknown mode 'cosmic'" in output
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text('node: {models: ["NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 4090"]}\n')
+    code, output = run("--simulate", str(unknown))
+    assert code == 2 and "'NVIDIA GeForce RTX 4090' (known: " in output
 
 
 def test_long_runs_sustained_gemms_in_every_format(tmp_path: Path) -> None:

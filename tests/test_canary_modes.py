@@ -43,7 +43,7 @@ def run_agent(utilization: float, backend: str | None = "cpu") -> CanaryAgent:
         CanaryConfig(host_cores=False, aligned_window=0.0),
         clock,
         gpu_backend="cpu" if backend else None,
-        stand_in=StandIn("NVIDIA H100 80GB HBM3", 132),
+        stand_ins=(StandIn("NVIDIA H100 80GB HBM3", 132),),
         runner=run_in_process,
         executor=InlineExecutor(),
         modes=read_modes,

@@ -12,6 +12,7 @@ from gpuwatchd.sim import scenario
 from gpuwatchd.sim.scenario import FAULT_FIELDS, FROM_BOOT, ScenarioError, parse
 from gpuwatchd.units import parse_duration, parse_rate
 
+H100, A100 = '"NVIDIA H100 80GB HBM3"', '"NVIDIA A100-SXM4-80GB"'
 CONTRACT_EXAMPLE = """
 node: {gpus: 8, model: "NVIDIA H100 80GB HBM3", nvlinks: 18, hcas: 8}   # all optional
 seed: 1                                                                 # optional
@@ -69,6 +70,14 @@ def test_every_builtin_scenario_parses() -> None:
             r"fault 1 \(sdc\): unknown mode 'melt'",
         ),
         ("faults: {at: 1s}", "faults must be a list"),
+        (f"node: {{model: {H100}, models: [{H100}]}}", "either model .* or models"),
+        (f"node: {{gpus: 3, models: [{H100}, {A100}]}}", "gpus is 3 but models names 2"),
+        ("node: {models: []}", "models must be a list of GPU names"),
+        ("node: {models: [1, 2]}", "models must be a list of GPU names"),
+        (
+            f"node: {{models: [{H100}, {A100}]}}\nfaults: [{{at: 1s, kind: sdc, gpu: 2}}]",
+            "node has 2 GPUs",
+        ),
         (
             "faults: [{at: 0s, kind: ib_counter_pinned, hca: mlx5_0, port: 1, "
             "counter: port_rcv_data}]",
@@ -83,6 +92,27 @@ def test_every_builtin_scenario_parses() -> None:
 def test_bad_scenarios_are_rejected_naming_the_fault(text: str, message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
         parse(text, "bad.yaml")
+
+
+def test_a_node_that_mixes_models_has_one_model_a_gpu() -> None:
+    node = parse(f"node: {{models: [{H100}, {H100}, {A100}]}}").node
+    assert node.gpus == 3
+    assert [node.model_of(gpu) for gpu in range(3)] == [
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA A100-SXM4-80GB",
+    ]
+    assert node.distinct_models == ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+    assert parse(f"node: {{gpus: 2, models: [{A100}, {H100}]}}").node.model_of(1) == H100[1:-1]
+    single = parse(f"node: {{gpus: 2, model: {A100}}}").node
+    assert single.model_of(1) == A100[1:-1] and single.distinct_models == (A100[1:-1],)
+
+
+def test_an_sdc_fault_takes_every_mode() -> None:
+    for mode in scenario.SDC_MODES:
+        [fault] = parse(f"faults: [{{at: 1s, kind: sdc, gpu: 0, mode: {mode}}}]").faults
+        assert fault.mode == mode
+    assert "once" in scenario.SDC_MODES
 
 
 def test_the_second_fault_is_named_by_its_position() -> None:

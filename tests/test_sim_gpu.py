@@ -11,6 +11,7 @@ from nvml_support import A100, B200, H100, V100, scenario
 
 from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION, FakeNvml
 from gpuwatchd.sim.gpu import SPECS, SimulatedGpus, spec_for
+from gpuwatchd.sim.scenario import parse
 
 START = 1_767_225_600.0
 
@@ -101,6 +102,29 @@ def test_unknown_model_is_refused_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"known: .*NVIDIA A100-SXM4-80GB"):
         spec_for("NVIDIA GeForce RTX 4090")
     assert set(SPECS) >= {H100, A100, B200, V100}
+
+
+def test_a_node_that_mixes_models_serves_each_gpu_as_its_own_model() -> None:
+    mixed = parse(f'node: {{models: ["{H100}", "{A100}", "{V100}"]}}\n')
+    node = SimulatedGpus(mixed, START)
+    node.advance(START + 60)
+    with FakeNvml(node):
+        pynvml.nvmlInit()
+        for index, (model, links, max_mhz) in enumerate(
+            [(H100, 18, 1980), (A100, 12, 1410), (V100, 6, 1530)]
+        ):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            assert pynvml.nvmlDeviceGetName(handle) == model
+            assert pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM) == max_mhz
+            assert len(node.state(index).links) == links
+        pynvml.nvmlShutdown()
+    assert [gpu.spec.sm_count for gpu in node.gpus] == [132, 108, 80]
+
+
+def test_an_unknown_model_among_models_is_refused_with_the_known_ones() -> None:
+    mixed = parse(f'node: {{models: ["{H100}", "NVIDIA GeForce RTX 4090"]}}\n')
+    with pytest.raises(ValueError, match=r"'NVIDIA GeForce RTX 4090' \(known: .*NVIDIA B200"):
+        SimulatedGpus(mixed, START)
 
 
 def test_fault_on_a_link_the_gpu_does_not_have_is_refused() -> None:

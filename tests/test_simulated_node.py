@@ -122,3 +122,17 @@ def test_repeated_xids_are_counted_not_overwritten(tmp_path: Path) -> None:
         (labels["gpu"], labels["xid"]): v for _, labels, v in families["gpuwatchd_gpu_xid_errors"]
     }
     assert xids == {("0", "13"): 2.0, ("0", "31"): 1.0}
+
+
+def test_a_node_that_mixes_models_expects_the_nvlinks_its_smallest_model_has(
+    tmp_path: Path,
+) -> None:
+    # An H100 has 18 NVLinks, an A100 12: expecting 18 of every GPU would
+    # call the A100 short of six links and quarantine it.
+    scenario = 'node: {models: ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]}\nfaults: []\n'
+    with simulated_daemon(scenario, tmp_path) as sim:
+        assert sim.daemon.config.checks.nvlink.expected_links == 12
+        snapshot = sim.run_until(600)
+    assert [g.name for g in snapshot.gpus] == ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]
+    assert [f.code for f in snapshot.findings if f.check == "nvlink"] == []
+    assert snapshot.quarantines == ()

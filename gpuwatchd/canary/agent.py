@@ -11,7 +11,9 @@ burst: bursts run in worker processes, waited on by a thread pool.
 Before a burst or re-run starts on a GPU, the GPU's modes are read through
 NVML (modes.py): a GPU whose compute mode, MIG or MPS state or free memory
 rules a burst out gets none, and /metrics says why. Each GPU's mismatch
-history is kept in the state database (`keep_history`).
+history is kept in the state database (`keep_history`), by UUID: a poll that
+no longer enumerates a UUID forgets its history. Siblings and the software
+quorum are chosen among the GPUs of one model and SM count (peers.py).
 
 Holds the only mutable canary state of the daemon; every decision in it is
 made by the pure functions of schedule.py, crosscheck.py and confirm.py.
@@ -36,15 +38,18 @@ from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.confirm import (
     ConfirmState,
     Mismatch,
+    Peers,
     Rerun,
     findings,
+    forget_gone,
     observe,
     observe_rerun,
 )
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.modes import GpuModes, ModeReader, skip_reason
-from gpuwatchd.canary.result import Telemetry, TelemetrySource, failed
+from gpuwatchd.canary.peers import peer_groups
+from gpuwatchd.canary.result import CanaryResult, Telemetry, TelemetrySource, failed
 from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, fail_on_xids, run_burst
 from gpuwatchd.canary.spec import BackendKind, CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.stats import CanaryStats
@@ -79,7 +84,7 @@ class MismatchLog(Protocol):
 
 @dataclass(frozen=True)
 class StandIn:
-    """The simulated GPU the CPU backend stands in for."""
+    """A model of simulated GPU the CPU backend stands in for."""
 
     model: str
     sm_count: int
@@ -115,7 +120,7 @@ class CanaryAgent:
         *,
         gpu_backend: BackendKind | None,
         host_cores: Collection[int] = (),
-        stand_in: StandIn | None = None,
+        stand_ins: Sequence[StandIn] = (),
         faults: Callable[[int], tuple[FaultSpec, ...]] = _no_faults,
         digest_path: str | None = None,
         runner: BurstRunner = run_burst,
@@ -125,7 +130,9 @@ class CanaryAgent:
     ) -> None:
         """`gpu_backend` checks the GPUs (None: no GPU canaries, see
         runner.choose_gpu_backend); `host_cores` are checked in turn when
-        config.host_cores is on; `stand_in` and `faults` serve simulation;
+        config.host_cores is on; `stand_ins` (a simulated GPU stands in as
+        the one of its NVML name, the first where NVML names none of them)
+        and `faults` serve simulation;
         `digest_path` keeps the agreed full-mantissa digests across restarts;
         `runner` and `executor` are where bursts run (a worker process each,
         waited on by a thread pool); `modes` reads a GPU's modes before each
@@ -135,7 +142,8 @@ class CanaryAgent:
         self._clock = clock
         self._gpu_backend = gpu_backend
         self._cores = tuple(sorted(host_cores)) if config.host_cores else ()
-        self._stand_in = stand_in
+        self._stand_ins = {stand_in.model: stand_in for stand_in in stand_ins}
+        self._first_stand_in = stand_ins[0] if stand_ins else None
         self._faults = faults
         self._digest_path = Path(digest_path) if digest_path else None
         self._runner = runner
@@ -144,6 +152,8 @@ class CanaryAgent:
         self._unchecked: dict[int, tuple[str, float]] = {}
         # GPU index -> its compute capability, as last read with its modes.
         self._capabilities: dict[int, tuple[int, int]] = {}
+        # GPU UUID -> its SM count, as its backend last reported it.
+        self._sm_counts: dict[str, int] = {}
         # The targets and capabilities the plan was last made for.
         self._planned_for: tuple[object, ...] | None = None
         self._log: MismatchLog | None = None
@@ -174,6 +184,7 @@ class CanaryAgent:
         agent confirmed)."""
         now = self._clock.now()
         self._samples = MappingProxyType({gpu.index: gpu for gpu in gpus if gpu.read})
+        self._forget_gone(gpus)
         self._out_of_service = frozenset(quarantined) | frozenset(self._confirm.confirmed)
         if not self._config.enabled:
             return CanaryView((), self._stats)
@@ -217,6 +228,14 @@ class CanaryAgent:
                 log.warning("ignoring a canary mismatch record: %s", error)
         self._confirm = replace(self._confirm, history=tuple(history))
 
+    def _forget_gone(self, gpus: Sequence[GpuSample]) -> None:
+        """Forget the history of GPUs no longer on the node. A poll that
+        enumerates no GPU, or one whose UUID it cannot read (an NVML
+        failure), says nothing about which boards left."""
+        uuids = [gpu.uuid for gpu in gpus]
+        if uuids and None not in uuids:
+            self._confirm = forget_gone(self._confirm, {u for u in uuids if u is not None})
+
     def _mark(self, gpu: int, reason: str, now: float) -> None:
         known = self._unchecked.get(gpu)
         if known is None or known[0] != reason:
@@ -241,6 +260,14 @@ class CanaryAgent:
         cores = [f"cpu:{core}" for core in self._cores]
         return tuple(t for t in gpus + cores if t not in self._out_of_service)
 
+    def _peers(self) -> Peers:
+        return peer_groups(self._targets(), self._samples, self._sm_counts)
+
+    def _learn_sm_counts(self, results: Sequence[CanaryResult]) -> None:
+        for result in results:
+            if result.uuid is not None and result.sm_count is not None:
+                self._sm_counts[result.uuid] = result.sm_count
+
     def _idle(self, key: str) -> bool:
         if key == schedule.HOST:
             return True
@@ -248,7 +275,6 @@ class CanaryAgent:
         return sample is not None and idle(sample, self._config)
 
     def _collect(self, now: float, xid_events: Sequence[XidEvent]) -> None:
-        targets = self._targets()
         quorum = 2 if len(self._samples) > 1 else 1
         for key, job in list(self._jobs.items()):
             if not job.future.done():
@@ -260,6 +286,8 @@ class CanaryAgent:
                 self._save_digests(book)
             self._book = book
             self._stats = self._stats.add(results)
+            self._learn_sm_counts(results)
+            targets = self._peers()
             for result in results:
                 if result.result != "pass":
                     log.warning(
@@ -394,13 +422,15 @@ class CanaryAgent:
         assert self._gpu_backend is not None
         gpu = int(index)
         sample = self._samples.get(gpu)
+        stand_in = self._stand_ins.get((sample.name if sample else None) or "")
+        stand_in = stand_in or self._first_stand_in
         return BurstRequest(
             self._gpu_backend,
             specs,
             gpu=gpu,
             uuid=sample.uuid if sample else None,
-            stand_in_model=self._stand_in.model if self._stand_in else None,
-            stand_in_sm_count=self._stand_in.sm_count if self._stand_in else None,
+            stand_in_model=stand_in.model if stand_in else None,
+            stand_in_sm_count=stand_in.sm_count if stand_in else None,
             faults=self._faults(gpu),
             temperature_celsius=sample.temperature_gpu_celsius if sample else None,
             fault_draw=self._draws,

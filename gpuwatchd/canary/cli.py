@@ -32,7 +32,7 @@ import click
 
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
-from gpuwatchd.canary.faults import SIMULATED_SM_COUNT, sdc_faults
+from gpuwatchd.canary.faults import sdc_faults
 from gpuwatchd.canary.modes import compute_capability, nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
@@ -82,23 +82,27 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
     try:
         scenario = scenarios.load(name)
         faults = sdc_faults(scenario)
-    except scenarios.ScenarioError as error:
+        specs = [spec_for(scenario.node.model_of(i)) for i in range(scenario.node.gpus)]
+    except ValueError as error:  # a bad scenario, a model with no simulated hardware
         raise CannotRun(str(error)) from error
-    # The simulated model's capability: a simulated V100 runs no tensor-core tile.
-    capability = spec_for(scenario.node.model).compute_capability
-    suite = default_suite("cpu", config.seed, config.seed, config.hbm_bytes, capability)
-    requests = tuple(
-        BurstRequest(
-            "cpu",
-            suite,
-            gpu=index,
-            stand_in_model=scenario.node.model,
-            stand_in_sm_count=SIMULATED_SM_COUNT,
-            faults=faults.get(index, ()),
+    requests = []
+    for index in _gpu_choice(gpu, range(len(specs))):
+        spec = specs[index]
+        # The simulated model's capability: a simulated V100 runs no tensor-core tile.
+        suite = default_suite(
+            "cpu", config.seed, config.seed, config.hbm_bytes, spec.compute_capability
         )
-        for index in _gpu_choice(gpu, range(scenario.node.gpus))
-    )
-    return Plan(requests, config.timeout)
+        requests.append(
+            BurstRequest(
+                "cpu",
+                suite,
+                gpu=index,
+                stand_in_model=spec.name,
+                stand_in_sm_count=spec.sm_count,
+                faults=faults.get(index, ()),
+            )
+        )
+    return Plan(tuple(requests), config.timeout)
 
 
 def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:

@@ -45,13 +45,14 @@ class CanaryConfig:
     # budget when busy).
     watch_interval: Seconds = 60.0
     watch_for: Seconds = 86400.0
-    # A GPU's mismatches are kept in the state database this long; two of
-    # them on different canaries or seeds, each computed right by a sibling
-    # GPU on the same inputs, confirm a fault (docs/sdc.md, "Confirmation").
+    # A GPU's mismatches are kept in the state database this long, by UUID;
+    # two of them on different canaries or seeds, each computed right by a
+    # sibling GPU on the same inputs, from bursts at least one `interval`
+    # apart (or one reproduced), confirm a fault (docs/sdc.md, "Confirmation").
     history_window: Seconds = 30 * 86400.0
-    # The same canary failing on more than this share of the node's GPUs
-    # within one `interval` is a software, driver or reference problem: an
-    # alert, and no GPU is quarantined for it.
+    # The same canary failing on more than this share of the GPUs of one
+    # model and SM count within one `interval` is a software, driver or
+    # reference problem: an alert, and no GPU is quarantined for it.
     software_ratio: float = 0.5
     # Seeds of the known-answer canaries cycle through `seed_rotation` values
     # from `seed`, so their references (cached per seed) are computed only a

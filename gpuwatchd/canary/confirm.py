@@ -3,26 +3,34 @@
 Pure functions of the state, the results and the time the caller passes in.
 
 - Every mismatching canary of a burst goes into one lead on its target: the
-  same inputs are re-run on the suspect and once on a sibling (the next GPU
-  of the node that is itself above doubt). A full-mantissa GEMM's digest
-  mismatch is re-run as `gemm_bounded`: the same product judged element by
-  element against an fp64 reference and an error bound that holds for any
+  same inputs are re-run on the suspect and once on a sibling, the next
+  target of its peer group that is itself above doubt (the caller's
+  `Peers`: the GPUs of one model and SM count, which compute every canary
+  alike, or the host's cores; a GPU of another model can disagree for
+  reasons of its model's own). A full-mantissa GEMM's digest mismatch is
+  re-run as `gemm_bounded`: the same product judged element by element
+  against an fp64 reference and an error bound that holds for any
   summation order, so a configuration that changes cuBLAS's algorithm never
   counts as a wrong answer.
 - Reproduced on the suspect and not on the sibling: confirmed. A critical,
   definitive `sdc_confirmed` finding, action inspect_hardware, so policy
   quarantines the GPU (a hardware fault, never auto-released).
 - Each mismatch the sibling computed right on the same inputs is kept in the
-  target's mismatch history (persisted by the caller); two of them on
-  different canaries or seeds within `history_window` confirm too. That is
-  what catches an intermittent fault that no single re-run reproduces.
-- No sibling (a single-GPU node, or every peer under doubt): nothing can
-  tell a GPU fault from a software or reference fault, so nothing confirms.
+  history of the board that showed it (the GPU's UUID, or the host core),
+  persisted by the caller; two of them on different canaries or seeds
+  within `history_window` confirm too, when they are two observations: from
+  bursts at least one `interval` apart, or one of them reproduced. That is
+  what catches an intermittent fault that no single re-run reproduces; the
+  mismatches of one burst are one event (a host or worker transient can hit
+  several canaries at once), however many canaries it hit.
+- No sibling (a single-GPU node, a GPU alone of its model, or every peer
+  under doubt): nothing can tell a GPU fault from a software or reference
+  fault, so nothing confirms.
   The suspect is watched, and `sdc_suspected` asks for an offline diagnostic.
 - Not reproduced: the suspect is watched for `watch_for`, with a burst every
   `watch_interval` and a warning `sdc_suspected`.
 - Reproduced on the sibling too, or the same canary failing on more than
-  `software_ratio` of the node's GPUs within one interval: a software,
+  `software_ratio` of its peer group within one interval: a software,
   driver or reference problem. A warning `canary_software_fault` on the
   node, nobody quarantined; mismatches of that canary are not leads while
   they keep coming (and for two intervals after the last). A full-mantissa
@@ -36,8 +44,9 @@ node unsafe to schedule on).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import combinations
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -49,6 +58,18 @@ from gpuwatchd.model import Action, Finding, Severity
 CHECK = "sdc"
 # What the suspect of a lead without a sibling should get instead of a verdict.
 OFFLINE_DIAGNOSTIC = "dcgmi diag -r 3"
+
+# Target -> its peer group: the targets that compute every canary alike and
+# so can vouch for each other (canary/peers.py). A target missing from it
+# has no peer.
+Peers = Mapping[str, str]
+
+
+def board_of(target: str, uuid: str | None) -> str | None:
+    """What a mismatch belongs to: a GPU's UUID (its NVML index moves with a
+    reboot or a replacement), a host core's target; None for a GPU whose
+    UUID is unknown, whose mismatches never count toward a history."""
+    return uuid if target.startswith("gpu:") else target
 
 
 def rerun_spec(spec: CanarySpec) -> CanarySpec:
@@ -79,6 +100,17 @@ class Mismatch:
     sibling_clear: bool
     reproduced: bool
     uuid: str | None = None
+    # When the burst that showed it came in (its lead's start). Rows kept
+    # before this was recorded have none: their `time` stands in.
+    burst_time: float | None = None
+
+    @property
+    def burst(self) -> float:
+        return self.time if self.burst_time is None else self.burst_time
+
+    @property
+    def board(self) -> str | None:
+        return board_of(self.target, self.uuid)
 
 
 @dataclass(frozen=True)
@@ -152,13 +184,19 @@ def _drop(mapping: Mapping[str, V], *keys: str) -> Mapping[str, V]:
     return MappingProxyType({k: v for k, v in mapping.items() if k not in keys})
 
 
-def _sibling(state: ConfirmState, suspect: str, targets: Sequence[str]) -> str | None:
-    """The next target of the suspect's kind after it, in order, that is
-    itself above doubt."""
-    kind = suspect.split(":")[0]
-    peers = sorted(t for t in targets if t.split(":")[0] == kind)
+def _peers_of(target: str, targets: Peers) -> list[str]:
+    """The targets of `target`'s peer group, itself included, in order; none
+    when its group is unknown (it left the node, or went out of service)."""
+    group = targets.get(target)
+    return sorted(t for t, g in targets.items() if group is not None and g == group)
+
+
+def _sibling(state: ConfirmState, suspect: str, targets: Peers) -> str | None:
+    """The next target of the suspect's peer group after it, in order, that
+    is itself above doubt."""
+    peers = _peers_of(suspect, targets)
     if suspect not in peers:
-        peers = sorted([*peers, suspect])
+        return None
     start = peers.index(suspect)
     doubtful = state.settled_targets()
     for offset in range(1, len(peers)):
@@ -195,10 +233,11 @@ def observe(
     results: Sequence[CanaryResult],
     now: float,
     config: CanaryConfig,
-    targets: Sequence[str],
+    targets: Peers,
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
     """Take a burst's results; return the new state and the re-runs to start.
-    `targets` are the node's GPUs and host cores that can run canaries now."""
+    `targets` are the node's GPUs and host cores that can run canaries now,
+    each with its peer group."""
     state = _expire(state, now, config)
     mismatches = [r for r in results if r.result == "mismatch"]
     state = replace(
@@ -219,10 +258,9 @@ def _node_wide(
     result: CanaryResult,
     now: float,
     config: CanaryConfig,
-    targets: Sequence[str],
+    targets: Peers,
 ) -> ConfirmState:
-    kind = result.target.split(":")[0]
-    peers = [t for t in targets if t.split(":")[0] == kind]
+    peers = _peers_of(result.target, targets)
     failing = sorted({t for _, t, c in state.recent if c == result.canary and t in peers})
     if len(failing) < 2 or len(failing) <= config.software_ratio * len(peers):
         return state
@@ -261,7 +299,7 @@ def _lead(
     results: tuple[CanaryResult, ...],
     now: float,
     config: CanaryConfig,
-    targets: Sequence[str],
+    targets: Peers,
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
     target = results[0].target
     fresh: list[CanaryResult] = []
@@ -285,7 +323,7 @@ def observe_rerun(
     results: Sequence[CanaryResult],
     now: float,
     config: CanaryConfig,
-    targets: Sequence[str],
+    targets: Peers,
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
     """Take the results of a re-run; settle its lead once both re-runs are in."""
     lead = state.leads.get(rerun.suspect)
@@ -335,6 +373,7 @@ def _judge(state: ConfirmState, lead: Lead, now: float, config: CanaryConfig) ->
             sibling_clear=theirs == "pass",
             reproduced=mine == "mismatch",
             uuid=evidence.uuid,
+            burst_time=lead.since,
         )
         entries.append(entry)
         if entry.reproduced and entry.sibling_clear:
@@ -344,22 +383,44 @@ def _judge(state: ConfirmState, lead: Lead, now: float, config: CanaryConfig) ->
     state = replace(state, history=state.history + tuple(entries))
     if reproduced_clear is not None:
         return _confirm(state, lead.suspect, reproduced_clear)
-    if _history_confirms(state.history, lead.suspect):
+    if _history_confirms(state.history, entries[0].board, config.interval):
         return _confirm(state, lead.suspect, lead.evidence[-1])
     offline = lead.sibling is None and any(e.reproduced for e in entries)
     watch = Watch(now + config.watch_for, lead.evidence[0], offline)
     return replace(state, watching=_put(state.watching, lead.suspect, watch))
 
 
-def _history_confirms(history: Sequence[Mismatch], target: str) -> bool:
-    """Two mismatches of the target's own (the sibling computed the same
-    inputs right) on different canaries or seeds."""
-    own = {(m.canary, m.seed) for m in history if m.target == target and m.sibling_clear}
-    return len(own) >= 2
+def _own(history: Sequence[Mismatch], board: str | None) -> list[Mismatch]:
+    """The board's mismatches of its own: those a sibling computed right."""
+    return [m for m in history if board is not None and m.board == board and m.sibling_clear]
+
+
+def _history_confirms(history: Sequence[Mismatch], board: str | None, interval: float) -> bool:
+    """Two mismatches of the board's own that are two observations of it."""
+    own = _own(history, board)
+    return any(_independent(a, b, interval) for a, b in combinations(own, 2))
+
+
+def _independent(a: Mismatch, b: Mismatch, interval: float) -> bool:
+    """Different inputs (canary or seed), and not one event: bursts at least
+    `interval` apart, or one of them reproduced on its re-run. One burst's
+    mismatches can all come from one transient of the host or the worker."""
+    if (a.canary, a.seed) == (b.canary, b.seed):
+        return False
+    return a.reproduced or b.reproduced or abs(a.burst - b.burst) >= interval
+
+
+def forget_gone(state: ConfirmState, uuids: Collection[str]) -> ConfirmState:
+    """The state without the history of GPUs whose UUID is not among `uuids`
+    (the node's GPUs now): a board that was replaced or moved away takes its
+    mismatches with it, and the GPU enumerated in its place starts clean.
+    The host cores' history stays."""
+    kept = tuple(m for m in state.history if not m.target.startswith("gpu:") or m.uuid in uuids)
+    return state if len(kept) == len(state.history) else replace(state, history=kept)
 
 
 def _sibling_leads(
-    state: ConfirmState, lead: Lead, now: float, config: CanaryConfig, targets: Sequence[str]
+    state: ConfirmState, lead: Lead, now: float, config: CanaryConfig, targets: Peers
 ) -> tuple[ConfirmState, tuple[Rerun, ...]]:
     """The sibling went wrong where the suspect did not: a lead of its own."""
     if lead.sibling is None or not lead.sibling_results:
@@ -472,7 +533,7 @@ def findings(state: ConfirmState, now: float) -> tuple[Finding, ...]:
 
 def _findings(state: ConfirmState, now: float) -> Iterator[Finding]:
     for target, result in sorted(state.confirmed.items()):
-        history = sum(m.target == target and m.sibling_clear for m in state.history)
+        history = len(_own(state.history, board_of(target, result.uuid)))
         yield _confirmed_finding(target, result, history)
     for target, watch in sorted(state.watching.items()):
         if watch.until > now and target not in state.confirmed:

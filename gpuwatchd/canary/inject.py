@@ -3,7 +3,8 @@
 `FaultyBackend` runs the inner backend and then applies a `FaultSpec` to what
 comes back: compute faults rewrite output bits (per lane, per SM, at fixed
 positions, where the data matches a trigger, at random with a temperature
-dependent probability, or in the lowest mantissa bit), memory faults rewrite
+dependent probability, in the lowest mantissa bit, or in the first few
+results of one burst), memory faults rewrite
 stored HBM words after every write (a stuck bit, two aliased addresses), and
 process faults hang, kill the worker or fail the call. Used by the tests and
 by `canary --simulate` for scenarios with `sdc` faults.
@@ -50,6 +51,10 @@ INTERMITTENT_PROBABILITY = 0.01
 INTERMITTENT_REFERENCE_CELSIUS = 60.0
 INTERMITTENT_DOUBLING_CELSIUS = 5.0
 STUCK_BIT = 17
+# A `once` fault (a transient of the host or the worker, not of the GPU)
+# spoils this many results in a row: several canaries of one burst, so that
+# one event shows as several mismatches.
+ONCE_WRONG_RESULTS = 3
 ALIAS_ADDRESS_BIT = 6
 
 
@@ -81,6 +86,7 @@ class FaultyBackend:
         self._fault = fault
         self._temperature = temperature_celsius
         self._random = np.random.default_rng([fault.seed, 7, draw])
+        self._once_left = ONCE_WRONG_RESULTS
 
     @property
     def info(self) -> DeviceInfo:
@@ -180,6 +186,9 @@ class FaultyBackend:
                 bits[self._random.integers(bits.size)] ^= mask
         elif mode == "lsb":
             bits[self._positions(bits.size).integers(bits.size)] ^= bits.dtype.type(1)
+        elif mode == "once" and self._once_left > 0:
+            self._once_left -= 1
+            bits[self._positions(bits.size).integers(bits.size)] ^= mask
         return output
 
 

@@ -63,6 +63,10 @@ class CanaryResult:
     # Chains on a GPU: the share of its SMs on which a thread ran from
     # start to end (a burst beside a job, or a preempted one, covers less).
     sm_coverage_ratio: float | None = None
+    # The device's SMs as its backend counts them (CUDA's multiProcessorCount,
+    # a simulated GPU's): with the model, which GPUs compute alike
+    # (peers.py). None on the host's cores and for a canary that never ran.
+    sm_count: int | None = None
     digest: str | None = None  # sha256 of the output (full-mantissa GEMM)
     environment: str | None = None  # model, driver and library versions of the digest
     temperature_celsius: float | None = None

@@ -475,6 +475,7 @@ def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> Canar
         mismatch_lanes=evidence.lanes,
         tflops=evidence.tflops,
         sm_coverage_ratio=_coverage(evidence, backend.info.sm_count),
+        sm_count=backend.info.sm_count,
         digest=evidence.digest,
         environment=evidence.environment,
         device_seconds=evidence.device_seconds,

@@ -114,6 +114,12 @@ class GpuSpec:
     architecture: str
     pci_device_id: int
     nvlinks: int
+    # Streaming multiprocessors, as CUDA counts them (multiProcessorCount):
+    # 132 on an H100/H200 SXM5 and 108 on an A100 (NVIDIA's architecture
+    # whitepapers), 80 on a V100 SXM2, 148 on a B200 (74 a die, Chips and
+    # Cheese). The CPU backend standing in for the GPU places its threads on
+    # that many simulated SMs.
+    sm_count: int
     sm_max_mhz: int
     sm_default_application_mhz: int
     memory_mhz: int
@@ -201,6 +207,7 @@ _H100 = GpuSpec(
     architecture="hopper",
     pci_device_id=0x233010DE,
     nvlinks=18,
+    sm_count=132,
     sm_max_mhz=1980,
     sm_default_application_mhz=1980,
     memory_mhz=2619,
@@ -229,6 +236,7 @@ SPECS: Mapping[str, GpuSpec] = {
             architecture="ampere",
             pci_device_id=0x20B210DE,
             nvlinks=12,
+            sm_count=108,
             sm_max_mhz=1410,
             sm_default_application_mhz=1140,
             memory_mhz=1593,
@@ -249,6 +257,7 @@ SPECS: Mapping[str, GpuSpec] = {
             architecture="blackwell",
             pci_device_id=0x290110DE,
             nvlinks=18,
+            sm_count=148,
             sm_max_mhz=1965,
             sm_default_application_mhz=1965,
             memory_mhz=3996,
@@ -265,6 +274,7 @@ SPECS: Mapping[str, GpuSpec] = {
             architecture="volta",
             pci_device_id=0x1DB510DE,
             nvlinks=6,
+            sm_count=80,
             sm_max_mhz=1530,
             sm_default_application_mhz=1290,
             memory_mhz=877,
@@ -796,18 +806,18 @@ def _board_uuid(rng: random.Random) -> str:
 
 
 def _scenario_gpus(scenario: Scenario) -> tuple[SimulatedGpu, ...]:
-    spec = spec_for(scenario.node.model)
+    node = scenario.node
+    specs = [spec_for(node.model_of(index)) for index in range(node.gpus)]
     rng = random.Random(f"{scenario.seed}/node")
-    links = min(scenario.node.nvlinks, spec.nvlinks)
     return tuple(
         SimulatedGpu(
             index=index,
             spec=spec,
             uuid=_board_uuid(rng),
             pci_bus_id=_pci_bus_id(index),
-            nvlinks=links,
+            nvlinks=min(node.nvlinks, spec.nvlinks),
         )
-        for index in range(scenario.node.gpus)
+        for index, spec in enumerate(specs)
     )
 
 

@@ -23,6 +23,8 @@ the driver's GPU recovery action (`gpu_reset`, `node_reboot`, `drain_p2p`,
 `drain_and_reset`...). `gpu_idle` leaves one GPU without a job while the
 others stay busy (utilisation 0, its idle clock and power, NVML's `gpu_idle`
 clocks-event reason); one fault per idle GPU.
+`node: {models: [MODEL, ...]}` (instead of `model`) mixes models, one a GPU
+in index order; `gpus` is then their number.
 `node: {capture: FILE}` runs on a node captured by `gpuwatchd capture` (a
 relative FILE is found beside the scenario file): its shape is the capture's,
 and the faults are checked against it (docs/capture.md).
@@ -137,6 +139,7 @@ SdcMode = Literal[
     "data",
     "intermittent",
     "lsb",
+    "once",
     "stuck_bit",
     "address_alias",
     "hang",
@@ -158,6 +161,17 @@ class NodeShape:
     hcas: int = 8
     capture: str | None = None  # the capture file this node replays
     captured_hcas: tuple[str, ...] | None = None
+    # A node that mixes models: each GPU's, in index order (`model` is then
+    # the first's). Empty: every GPU is `model`.
+    models: tuple[str, ...] = ()
+
+    def model_of(self, gpu: int) -> str:
+        return self.models[gpu] if self.models else self.model
+
+    @property
+    def distinct_models(self) -> tuple[str, ...]:
+        """The node's models, in the order of their first GPU."""
+        return tuple(dict.fromkeys(self.models or (self.model,)))
 
     @property
     def hca_names(self) -> tuple[str, ...]:
@@ -269,19 +283,43 @@ def _parse_node(raw: Any, name: str, directory: str | None = None) -> NodeShape:
                 "(its GPUs, model, NVLinks and HCAs come from the capture)"
             )
         return captured_shape(os.path.join(directory or "", raw["capture"]), name)
-    unknown = set(raw) - {"gpus", "model", "nvlinks", "hcas"}
+    unknown = set(raw) - {"gpus", "model", "models", "nvlinks", "hcas"}
     if unknown:
         raise ScenarioError(f"{name}: node: unknown key(s) {', '.join(sorted(unknown))}")
     where = f"{name}: node"
-    gpus = _require_int(raw.get("gpus", 8), "gpus", where)
+    models = _parse_models(raw, where)
+    gpus = _require_int(raw.get("gpus", len(models) or 8), "gpus", where)
     nvlinks = _require_int(raw.get("nvlinks", 18), "nvlinks", where)
     hcas = _require_int(raw.get("hcas", 8), "hcas", where)
-    model = raw.get("model", DEFAULT_MODEL)
-    if not isinstance(model, str) or not model:
+    model = raw.get("model", models[0] if models else DEFAULT_MODEL)
+    if not _is_model(model):
         raise ScenarioError(f"{where}: model must be a GPU name such as {DEFAULT_MODEL!r}")
     if not 0 <= gpus <= 64 or not 0 <= nvlinks <= 18 or not 0 <= hcas <= 32:
         raise ScenarioError(f"{where}: gpus must be 0-64, nvlinks 0-18, hcas 0-32")
-    return NodeShape(gpus=gpus, model=model, nvlinks=nvlinks, hcas=hcas)
+    if models and gpus != len(models):
+        raise ScenarioError(
+            f"{where}: gpus is {gpus} but models names {len(models)} (one model a GPU)"
+        )
+    return NodeShape(gpus=gpus, model=model, nvlinks=nvlinks, hcas=hcas, models=models)
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _parse_models(raw: dict[str, Any], where: str) -> tuple[str, ...]:
+    """`models`: one GPU name a GPU, for a node that mixes models."""
+    if "models" not in raw:
+        return ()
+    if "model" in raw:
+        raise ScenarioError(f"{where}: give either model (every GPU) or models (one a GPU)")
+    models = raw["models"]
+    if not isinstance(models, list) or not models or not all(map(_is_model, models)):
+        raise ScenarioError(
+            f"{where}: models must be a list of GPU names, one a GPU, such as "
+            f"[{DEFAULT_MODEL!r}, ...]"
+        )
+    return tuple(models)
 
 
 def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
