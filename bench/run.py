@@ -96,6 +96,9 @@ KIND_FAULTS: dict[str, str] = {
     "ecc_uncorrectable": "{kind: ecc_uncorrectable, gpu: 1}",
     "row_remap_pending": "{kind: row_remap_pending, gpu: 1}",
     "row_remap_failure": "{kind: row_remap_failure, gpu: 1}",
+    "row_remap_exhausted": "{kind: row_remap_exhausted, gpu: 1}",
+    "gpu_replaced": "{kind: gpu_replaced, gpu: 1}",
+    "nvml_init_error": "{kind: nvml_init_error, code: lib_rm_version_mismatch}",
     "xid": "{kind: xid, gpu: 1, code: 79}",
     "gpu_lost": "{kind: gpu_lost, gpu: 1}",
     "nvml_error": "{kind: nvml_error, gpu: 1, call: nvmlDeviceGetRemappedRows, "

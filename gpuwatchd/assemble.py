@@ -98,7 +98,9 @@ def build_sources(
     """`uptime`: the kernel log's clock (a simulated node's own)."""
     sources: list[Source] = []
     if config.sources.nvml.enabled:
-        sources.append(NvmlSource(clock, config.sources.nvml, xid_thread, uptime))
+        # The PCI tree the PCIe source reads says whether the node has GPUs.
+        root = config.sources.pcie.sysfs_root
+        sources.append(NvmlSource(clock, config.sources.nvml, xid_thread, uptime, root))
     if config.sources.infiniband.enabled:
         sources.append(InfinibandSource(config.sources.infiniband))
     if config.sources.pcie.enabled:

@@ -33,7 +33,15 @@ from operator import add
 from typing import Generic, Protocol, TypeVar
 
 from gpuwatchd.counters import Increase, is_saturated
-from gpuwatchd.model import GpuSample, PcieFunctionSample, PortSample, Reading, XidEvent
+from gpuwatchd.model import (
+    NVML_SOURCE,
+    GpuSample,
+    NvmlUnavailable,
+    PcieFunctionSample,
+    PortSample,
+    Reading,
+    XidEvent,
+)
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -391,9 +399,15 @@ class History:
         self.now = 0.0
         # When a reading last said which ports there are (none is an answer too).
         self.last_port_poll: float | None = None
+        # What the last NVML reading said of NVML itself and of nvidia-uvm.
+        self.nvml_unavailable: NvmlUnavailable | None = None
+        self.nvidia_uvm_loaded: bool | None = None
 
     def record(self, reading: Reading) -> None:
         self.now = max(self.now, reading.time)
+        if reading.source == NVML_SOURCE:
+            self.nvml_unavailable = reading.nvml_unavailable
+            self.nvidia_uvm_loaded = reading.nvidia_uvm_loaded
         for gpu in reading.gpus or ():
             track = self._gpus.get(gpu.index)
             if track is None or _another_board(track, gpu):

@@ -301,6 +301,21 @@ class PcieFunctionSample:
     link_width: int | None = None
 
 
+# The name of the NVML source's readings.
+NVML_SOURCE = "nvml"
+
+
+@dataclass(frozen=True)
+class NvmlUnavailable:
+    """NVML could not start on a node whose PCI bus has NVIDIA GPUs: the NVML
+    return code of the failure (None: no code, the library itself is
+    missing), its text, and the GPUs' PCI addresses."""
+
+    code: int | None
+    error: str
+    pci_addresses: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Reading:
     """What one source returned from one poll. A source fills only its own part."""
@@ -314,6 +329,10 @@ class Reading:
     pcie_functions: tuple[PcieFunctionSample, ...] | None = None
     driver_version: str | None = None
     error: str | None = None  # the source as a whole failed this poll
+    # The NVML source's: NVML cannot start on a node that has GPUs, and
+    # whether the nvidia-uvm kernel module (CUDA's) is loaded.
+    nvml_unavailable: NvmlUnavailable | None = None
+    nvidia_uvm_loaded: bool | None = None
 
 
 class Severity(enum.IntEnum):
@@ -331,6 +350,8 @@ class Health(enum.IntEnum):
     DEGRADED = 1
     UNHEALTHY = 2
     QUARANTINED = 3
+    # The node's only: every source it reads is down, so nothing says it is well.
+    UNKNOWN = 4
 
     @property
     def label(self) -> str:
@@ -348,6 +369,9 @@ class Action(enum.Enum):
     DRAIN_P2P = "drain_p2p"
     # Recover the multi-node NVLink (IMEX) domain the GPU belongs to.
     RECOVER_IMEX_DOMAIN = "recover_imex_domain"
+    # Look at the node's driver install and its services (persistence, fabric
+    # manager, modules): not the GPU.
+    CHECK_DRIVER = "check_driver"
     INSPECT_HARDWARE = "inspect_hardware"
 
 

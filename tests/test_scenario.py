@@ -141,7 +141,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
     for kind, (required, _) in FAULT_FIELDS.items():
         at = "0s" if kind in FROM_BOOT else "1s"
         fault = {"at": at, "kind": kind, **{name: values[name] for name in required}}
-        if kind == "nvml_error":
+        if kind in ("nvml_error", "nvml_init_error"):
             fault["code"] = "not_supported"
         if kind == "aer_errors":
             fault["gpu"] = 0  # or hca: one of the two names the function

@@ -33,7 +33,7 @@ import click
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import sdc_faults
-from gpuwatchd.canary.modes import compute_capability, nvml_gpus
+from gpuwatchd.canary.modes import NvmlCannotStart, compute_capability, nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
@@ -41,6 +41,8 @@ from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.gpu import spec_for
+from gpuwatchd.sources import PcieSourceConfig
+from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
 from gpuwatchd.units import parse_duration
 
 EXIT_PASS = 0
@@ -105,12 +107,23 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
     return Plan(tuple(requests), config.timeout)
 
 
-def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:
+def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> dict[int, str | None]:
     """NVML index -> UUID of the GPUs the CUDA backend checks. A node whose
-    GPUs NVML sees and CUDA cannot use is never passed silently."""
-    nvml = dict(nvml_gpus())
+    GPUs NVML sees and CUDA cannot use, or whose PCI bus has NVIDIA GPUs NVML
+    cannot see, is never passed silently."""
     if backend == "cpu":
         return {}
+    try:
+        nvml = dict(nvml_gpus())
+    except NvmlCannotStart as error:
+        on_bus = nvidia_gpus_on_bus(sysfs_root)
+        if on_bus:
+            raise CannotRun(
+                f"NVML cannot start ({error}) and the PCI bus has {len(on_bus)} NVIDIA GPU(s) "
+                f"({', '.join(on_bus)}): no GPU was checked; see the driver's install (a "
+                "driver upgraded without a reboot needs one)"
+            ) from error
+        nvml = {}
     try:
         probed = probe_cuda(PROBE_TIMEOUT_S)
     except RuntimeError as error:
@@ -125,8 +138,8 @@ def _cuda_gpus(backend: str, gpu: str) -> dict[int, str | None]:
     return nvml or {g.index: None for g in probed}
 
 
-def _node_plan(gpu: str, backend: str, config: CanaryConfig) -> Plan:
-    uuids = _cuda_gpus(backend, gpu)
+def _node_plan(gpu: str, backend: str, config: CanaryConfig, sysfs_root: str) -> Plan:
+    uuids = _cuda_gpus(backend, gpu, sysfs_root)
     requests = [
         BurstRequest(
             "cuda",
@@ -263,13 +276,27 @@ def exit_status(results: Sequence[CanaryResult]) -> int:
     "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
     "stops at the first wrong answer.",
 )
-def canary(gpu: str, backend: str, simulate: str | None, as_json: bool, burn: str | None) -> None:
+@click.option(
+    "--sysfs-root",
+    default=PcieSourceConfig().sysfs_root,
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the PCI bus is read to tell a node with GPUs when NVML cannot start.",
+)
+def canary(
+    gpu: str,
+    backend: str,
+    simulate: str | None,
+    as_json: bool,
+    burn: str | None,
+    sysfs_root: str,
+) -> None:
     """Run the known-answer canary suite once and report every result."""
     config = CanaryConfig()
     if simulate is not None:
         plan = _simulated_plan(gpu, backend, simulate, config)
     else:
-        plan = _node_plan(gpu, backend, config)
+        plan = _node_plan(gpu, backend, config, sysfs_root)
     if not plan.requests:
         raise CannotRun("nothing to run the canaries on")
     # Without --json the lines are the report (stdout); with it, progress

@@ -117,13 +117,17 @@ def compute_capability(index: int) -> tuple[int, int] | None:
         pynvml.nvmlShutdown()
 
 
+class NvmlCannotStart(RuntimeError):
+    """NVML could not start; the message is its error."""
+
+
 def nvml_gpus() -> list[tuple[int, str | None]]:
-    """(NVML index, UUID) of the node's GPUs; [] when NVML cannot start
-    (no NVIDIA driver: a node without GPUs)."""
+    """(NVML index, UUID) of the node's GPUs; NvmlCannotStart when NVML
+    cannot start (no NVIDIA driver, or one it cannot talk to)."""
     try:
         pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
+    except pynvml.NVMLError as error:
+        raise NvmlCannotStart(str(error)) from error
     try:
         gpus: list[tuple[int, str | None]] = []
         for index in range(pynvml.nvmlDeviceGetCount()):

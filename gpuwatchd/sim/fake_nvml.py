@@ -607,6 +607,9 @@ class FakeNvml:
     # -- system ---------------------------------------------------------------
 
     def _init(self, flags: int) -> int:
+        error = self._model.nvml_init_error()
+        if error is not None:
+            return error
         self._initialized += 1
         return _SUCCESS
 

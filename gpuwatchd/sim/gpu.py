@@ -901,6 +901,7 @@ class SimulatedGpus:
         )
         self.present = _present(scenario)
         self._drift = scenario.faults_of("config_drift")
+        self._init_errors = scenario.faults_of("nvml_init_error")
         self._schedule = sorted(
             (record for model in self._models for record in model.xids()), key=lambda r: r.time
         )
@@ -950,6 +951,10 @@ class SimulatedGpus:
     def nvml_errors(self, index: int) -> tuple[Fault, ...]:
         """The scenario's `nvml_error` faults in force on this GPU now."""
         return self._models[index].nvml_errors(self._t)
+
+    def nvml_init_error(self) -> int | None:
+        """The NVML error nvmlInit answers now (the scenario's nvml_init_error)."""
+        return next((f.code for f in self._init_errors if f.active(self._t)), None)
 
     @property
     def xid_count(self) -> int:

@@ -90,6 +90,9 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "kernel_xid": (frozenset({"gpu", "code"}), frozenset({"ago"})),
     "gpu_lost": (frozenset({"gpu"}), frozenset()),
     "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
+    # nvmlInit answers the NVML error `code` (DRIVER_NOT_LOADED,
+    # LIB_RM_VERSION_MISMATCH, LIBRARY_NOT_FOUND...) from boot while it lasts.
+    "nvml_init_error": (frozenset({"code"}), frozenset()),
     "reset_required": (frozenset({"gpu"}), frozenset()),
     "recovery_action": (frozenset({"gpu", "action"}), frozenset()),
     # A GPU's PCIe link trained below its maximum: `width` lanes and/or
@@ -119,7 +122,9 @@ COMMON_FIELDS = frozenset({"at", "kind", "for"})
 # these and the application clocks).
 CONFIG_SETTINGS = ("vbios_version", "ecc_mode", "persistence_mode", "mig_mode", "power_limit")
 # Kinds that describe the node as it booted: they must start at 0s.
-FROM_BOOT = frozenset({"nvlink_inactive", "gpu_missing", "kernel_xid", "gpu_replaced"})
+FROM_BOOT = frozenset(
+    {"nvlink_inactive", "gpu_missing", "kernel_xid", "gpu_replaced", "nvml_init_error"}
+)
 
 # NVML's error codes by name, as nvidia-ml-py spells them without NVML_ERROR_.
 NVML_ERRORS: Mapping[int, str] = {
@@ -384,7 +389,7 @@ def _parse_code(kind: str, raw: dict[str, Any], label: str) -> int | None:
         return _named(raw["action"], GPU_RECOVERY_ACTIONS, "action", label)
     if "code" not in raw:
         return None
-    if kind in ("nvml_error", "fabric_unregistered"):
+    if kind in ("nvml_error", "fabric_unregistered", "nvml_init_error"):
         return _named(raw["code"], NVML_ERRORS, "code", label)
     return _require_int(raw["code"], "code", label)
 

@@ -71,6 +71,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import os
 import queue
 import threading
 from collections import Counter
@@ -82,15 +83,18 @@ import pynvml
 
 from gpuwatchd.clock import Clock
 from gpuwatchd.model import (
+    NVML_SOURCE,
     ROW_REMAPPER_BUCKETS,
     THROTTLE_REASONS,
     GpuSample,
     LinkSample,
+    NvmlUnavailable,
     Reading,
     XidEvent,
 )
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 from gpuwatchd.sources.kmsg import KernelXids, nvml_address, system_uptime
+from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
 
 log = logging.getLogger(__name__)
 
@@ -1289,22 +1293,42 @@ def _free(event_set: Any) -> None:
         log.debug("nvmlEventSetFree: %s", error)
 
 
-def _start_nvml() -> None:
+class _NvmlDown(Exception):
+    """NVML could not start: its return code and text."""
+
+    def __init__(self, code: int, error: str) -> None:
+        super().__init__(error)
+        self.code = code
+        self.error = error
+
+
+def _start_nvml() -> int:
+    """Start NVML; the number of GPUs it enumerates. _NvmlDown when it cannot."""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as error:
-        raise SourceUnavailable(
-            f"NVML could not be loaded ({error}): is the NVIDIA driver installed and loaded? "
-            "To run without GPUs use `gpuwatchd run --simulate`, or leave NVML out with "
-            "`--source infiniband`."
-        ) from error
+        raise _NvmlDown(error.value, str(error)) from error
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except pynvml.NVMLError as error:
+        pynvml.nvmlShutdown()
+        raise _NvmlDown(error.value, f"NVML started but cannot count the GPUs: {error}") from error
 
 
 class NvmlSource:
-    """The `nvml` source. Construction starts NVML (SourceUnavailable when it
-    cannot) and registers for XIDs; `poll()` reads every GPU."""
+    """The `nvml` source. Construction starts NVML and registers for XIDs;
+    `poll()` reads every GPU.
 
-    name = "nvml"
+    Where NVML cannot start (no library, the driver not loaded, a driver and
+    library of different versions after an upgrade without a reboot, no
+    permission), construction raises SourceUnavailable on a node with no
+    NVIDIA GPU on its PCI bus (under `sysfs_root`): a node without GPUs. On
+    one that has them the source stays: each poll tries NVML again, and
+    until it starts the reading says why (`Reading.nvml_unavailable`, judged
+    by checks/driver.py), so the node is unhealthy and recovers by itself
+    once NVML works."""
+
+    name = NVML_SOURCE
 
     def __init__(
         self,
@@ -1312,18 +1336,44 @@ class NvmlSource:
         config: NvmlSourceConfig,
         xid_thread: bool = True,
         uptime: Callable[[], float] = system_uptime,
+        sysfs_root: str = "/sys",
     ) -> None:
         """`uptime`: seconds since boot on the kernel log's clock (injected by
         the simulator, whose node booted when its scenario says)."""
         self._clock = clock
+        self._config = config
+        self._uvm_module = os.path.join(sysfs_root, "module", "nvidia_uvm")
+        self._xid_thread = xid_thread
+        self._uptime = uptime
         self._read_timeout = config.read_timeout
         self._reader: _Reader | None = None
-        _start_nvml()
+        self._closed = False
+        self._driver_version: str | None = None
+        self._gpus: tuple[_Gpu, ...] = ()
+        self._xids: _XidListener | None = None
+        self._kernel: KernelXids | None = None
+        self._unavailable: NvmlUnavailable | None = None
         try:
-            count = pynvml.nvmlDeviceGetCount()
-        except pynvml.NVMLError as error:
-            pynvml.nvmlShutdown()
-            raise SourceUnavailable(f"NVML started but cannot count the GPUs: {error}") from error
+            self._start()
+        except _NvmlDown as down:
+            gpus = nvidia_gpus_on_bus(sysfs_root)
+            if not gpus:
+                raise SourceUnavailable(
+                    f"NVML could not be loaded ({down.error}): is the NVIDIA driver installed "
+                    "and loaded? To run without GPUs use `gpuwatchd run --simulate`, or leave "
+                    "NVML out with `--source infiniband`."
+                ) from down
+            self._unavailable = NvmlUnavailable(down.code, down.error, gpus)
+            log.error(
+                "NVML cannot start (%s) with %d NVIDIA GPU(s) on the PCI bus (%s): the node "
+                "is unhealthy; NVML is tried again every poll",
+                down.error,
+                len(gpus),
+                ", ".join(gpus),
+            )
+
+    def _start(self) -> None:
+        count = _start_nvml()
         self._driver_version = self._read_driver_version()
         self._driver_branch = _driver_branch(self._driver_version)
         self._counter_ids = counter_ids(self._driver_version)
@@ -1332,19 +1382,37 @@ class NvmlSource:
         for gpu in self._gpus:
             self._identify(gpu)
         self._availability.flush()
+        config = self._config
         # Before registering: a logged XID older than this NVML cannot report.
-        registered = uptime()
-        self._xids = _XidListener(clock, self._gpus, xid_thread) if config.xid_events else None
-        self._kernel = (
-            KernelXids(config.kernel_log, clock, registered, uptime) if config.kernel_log else None
-        )
-        self._closed = False
+        registered = self._uptime()
+        if config.xid_events:
+            self._xids = _XidListener(self._clock, self._gpus, self._xid_thread)
+        if config.kernel_log:
+            self._kernel = KernelXids(config.kernel_log, self._clock, registered, self._uptime)
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
         log.info(
             "clocks-event counters: %s",
             ", ".join(f"{r} field {i}" for r, i in self._counter_ids.items())
             or "none on this driver branch (HW slowdown judged from reason bits only)",
         )
+
+    def _still_unavailable(self, now: float) -> Reading | None:
+        """While NVML could not start: try again; the reading that says so
+        when it still cannot, None once it has started."""
+        unavailable = self._unavailable
+        if unavailable is None:
+            return None
+        try:
+            self._start()
+        except _NvmlDown as down:
+            if down.code != unavailable.code:
+                log.error("NVML still cannot start: %s", down.error)
+            self._unavailable = replace(unavailable, code=down.code, error=down.error)
+            error = f"NVML cannot start: {down.error}"
+            return Reading(self.name, now, error=error, nvml_unavailable=self._unavailable)
+        log.warning("NVML works again")
+        self._unavailable = None
+        return None
 
     @staticmethod
     def _read_driver_version() -> str | None:
@@ -1382,6 +1450,9 @@ class NvmlSource:
             log.warning("GPU %d does not answer yet: %s", gpu.index, unanswered.reason)
 
     def poll(self, now: float) -> Reading:
+        unavailable = self._still_unavailable(now)
+        if unavailable is not None:
+            return unavailable
         events = self._xids.drain() if self._xids is not None else ()
         if self._kernel is not None:
             events += self._kernel.merge(events, self._addresses())
@@ -1395,6 +1466,8 @@ class NvmlSource:
             gpus=gpus,
             xid_events=events,
             driver_version=self._driver_version,
+            # CUDA's module: without it no CUDA program (a canary) starts.
+            nvidia_uvm_loaded=os.path.isdir(self._uvm_module) if gpus else None,
         )
 
     def _addresses(self) -> dict[str, tuple[int, str | None]]:
@@ -1529,6 +1602,8 @@ class NvmlSource:
                 "NVML calls on GPU(s) %s have not returned; NVML is left as it is", _ranges(stuck)
             )
             return
+        if self._unavailable is not None:
+            return  # never started
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as error:

@@ -102,11 +102,41 @@ def canonical_address(bus_id: str) -> str | None:
     return "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
 
 
-def _hex(text: str) -> int | None:
+def _hex(text: str | None) -> int | None:
     try:
-        return int(text, 16)
+        return int(text, 16) if text is not None else None
     except ValueError:
         return None
+
+
+def nvidia_gpu(vendor: str | None, pci_class: str | None) -> bool:
+    """Whether a function's `vendor` and `class` files name an NVIDIA GPU
+    (a display or 3D controller; NVSwitches are bridges)."""
+    value = _hex(pci_class)
+    return _hex(vendor) == NVIDIA_VENDOR and value is not None and value >> 16 == DISPLAY_CLASS
+
+
+def nvidia_gpus_on_bus(sysfs_root: str) -> tuple[str, ...]:
+    """The addresses of the NVIDIA GPUs on the PCI bus under `sysfs_root`,
+    whatever their driver: what says a node has GPUs when NVML cannot."""
+    devices = os.path.join(sysfs_root, *DEVICES_PATH)
+    try:
+        addresses = sorted(os.listdir(devices))
+    except OSError:
+        return ()
+
+    def attribute(address: str, name: str) -> str | None:
+        try:
+            return read_attribute(os.path.join(devices, address, name))
+        except OSError:
+            return None
+
+    return tuple(
+        address
+        for address in addresses
+        if _ADDRESS_RE.match(address)
+        and nvidia_gpu(attribute(address, "vendor"), attribute(address, "class"))
+    )
 
 
 class PcieSource:
@@ -160,9 +190,7 @@ class PcieSource:
         vendor = self._text(os.path.join(directory, "vendor"), quiet=True)
         if vendor is None or _hex(vendor) != NVIDIA_VENDOR:
             return False
-        pci_class = self._text(os.path.join(directory, "class"), quiet=True)
-        value = _hex(pci_class) if pci_class else None
-        return value is not None and value >> 16 == DISPLAY_CLASS
+        return nvidia_gpu(vendor, self._text(os.path.join(directory, "class"), quiet=True))
 
     def _read(
         self, directory: str, address: str, kind: str, name: str | None
