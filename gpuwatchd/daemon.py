@@ -180,6 +180,8 @@ class Daemon:
         self.state: PolicyState = self.store.load_state()
         # The boards NVML enumerated at the last poll that read them.
         self._roster = Roster()
+        # Whether every source was down at the last poll (policy's `blind`).
+        self._blind = False
         self._known_gpus = self._load_known_gpus()
         # Read at start only: a port forgotten in the database (removed on
         # purpose) is forgotten by the daemon when it restarts.
@@ -342,6 +344,7 @@ class Daemon:
             self._known_gpus,
             self._expected_ports,
             learned_links=self._learned_links,
+            canaries=self.canary is not None,
         )
         run = run_all(inputs, self.config.checks)
         checked = self._carry_failed_checks(run)
@@ -393,7 +396,7 @@ class Daemon:
         for _ in range(3):
             absent = absent_finding(self.state.quarantines)
             judged = (*findings, absent) if absent is not None else findings
-            result = evaluate(judged, self.state, now, self.config.policy, subjects)
+            result = evaluate(judged, self.state, now, self.config.policy, subjects, self._blind)
             result = stamp(result, self._roster)
             events = self.actions.events(result)
             try:
@@ -404,6 +407,7 @@ class Daemon:
                     readings=readings,
                     events=events,
                     earlier=self._unsaved,
+                    wall=self.clock.wall(),
                 )
             except StateConflict:
                 # An operator quarantined or released something since we read
@@ -534,6 +538,8 @@ class Daemon:
         if self.before_poll is not None:
             self.before_poll(now)
         readings = tuple(self._poll_source(source, now) for source in self.sources)
+        # Every source down: nothing this poll says the node is well.
+        self._blind = bool(readings) and all(r.error is not None for r in readings)
         with self._judging:
             self._place_boards(readings)
         for reading in readings:

@@ -60,6 +60,13 @@ def test_unit_runs_the_venv_install_with_the_system_config() -> None:
     assert _one("WantedBy", "Install") == "multi-user.target"
 
 
+def test_unit_loads_nvidia_uvm_before_the_daemon_with_privileges_only_for_that() -> None:
+    # "-+": a failure does not stop the start; full privileges for this command
+    # only (the daemon itself has no capability to load a module).
+    assert _one("ExecStartPre") == "-+/usr/bin/nvidia-modprobe -u -c=0"
+    assert _one("CapabilityBoundingSet") == ""
+
+
 def test_unit_is_notify_type_with_a_watchdog_and_restarts_on_failure() -> None:
     assert _one("Type") == "notify"
     # Only the daemon itself may report readiness, never a canary child.

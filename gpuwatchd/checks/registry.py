@@ -16,6 +16,7 @@ from gpuwatchd.checks import (
     aer,
     clocks,
     config_drift,
+    driver,
     fabric,
     gpu_lost,
     infiniband,
@@ -60,6 +61,8 @@ class CheckInputs:
     known_gpus: tuple[gpu_lost.KnownGpu, ...] = ()
     expected_ports: frozenset[str] = frozenset()
     learned_links: nvlink.LearnedLinks = field(default_factory=dict)
+    # Whether the daemon runs canaries (which need CUDA's nvidia-uvm module).
+    canaries: bool = False
 
 
 Check = Callable[[CheckInputs, ChecksConfig], CheckOutput]
@@ -74,6 +77,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (aer.NAME, lambda i, c: aer.run(i.history, i.now, c.aer)),
     (config_drift.NAME, lambda i, c: config_drift.run(i.history)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
+    (driver.NAME, lambda i, c: driver.run(i.history, i.canaries)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
     (
         gpu_lost.NAME,

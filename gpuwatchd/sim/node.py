@@ -57,6 +57,9 @@ class SimulatedNode:
         self.kernel_log = SimulatedKernelLog(scenario, self.gpus, Path(sysfs_root) / "kmsg")
         self.boot_id_path = Path(sysfs_root) / "boot_id"
         self.boot_id_path.write_text(f"{uuid.uuid4()}\n", encoding="ascii")
+        # The driver's modules, as loaded on a node ready for CUDA.
+        for module in ("nvidia", "nvidia_uvm"):
+            (Path(sysfs_root) / "module" / module).mkdir(parents=True, exist_ok=True)
 
     def advance(self, now: float) -> None:
         """Move the hardware to wall time `now` (called before every poll)."""
