@@ -210,10 +210,13 @@ def evaluate(
     now: float,
     config: PolicyConfig,
     subjects: Iterable[str] = (),
+    blind: bool = False,
 ) -> PolicyResult:
     """One poll's verdict. `subjects` are those observed this poll (see
     `observed_subjects`); they get a health even without findings, and the
-    GPUs among them are the node's GPUs for `node_quarantine_ratio`."""
+    GPUs among them are the node's GPUs for `node_quarantine_ratio`. `blind`:
+    every source of the poll is down, so a node that nothing condemns is
+    `unknown`, not healthy."""
     found = _group(findings)
     # Dry-run quarantines recorded what a dry run would do; in a live run
     # policy decides afresh.
@@ -238,7 +241,7 @@ def evaluate(
         _apply(name, wanted, releasable, quarantines, decisions, now, config)
     node = _judge_node(prior, names, found, quarantines, decisions, now, config)
     states, node_health = _settle_all(
-        prior, tracked, node, found, quarantines, observed, now, config
+        prior, tracked, node, found, quarantines, observed, now, config, blind
     )
     new_state = PolicyState(
         subjects=tuple(sorted(states, key=lambda s: s.subject)),
@@ -292,9 +295,11 @@ def _settle_all(
     observed: set[str],
     now: float,
     config: PolicyConfig,
+    blind: bool,
 ) -> tuple[list[SubjectState], Health]:
-    """Every subject's health after this poll's decisions, and the node's roll-up.
-    A healthy subject no longer observed, with nothing to remember, is dropped."""
+    """Every subject's health after this poll's decisions, and the node's roll-up
+    (unknown when `blind` and it is no worse). A healthy subject no longer
+    observed, with nothing to remember, is dropped."""
     states: list[SubjectState] = []
     for name, state in tracked.items():
         new = _settle(prior.subject(name), state, found.get(name, {}), quarantines, now, config)
@@ -302,6 +307,8 @@ def _settle_all(
             states.append(new)
     own = _settle(prior.subject(NODE), node, found.get(NODE, {}), quarantines, now, config)
     node_health = _roll_up(own.health, (state.health for state in states))
+    if blind and node_health in (Health.HEALTHY, Health.DEGRADED):
+        node_health = Health.UNKNOWN
     states.append(_with_health(prior.subject(NODE), own, node_health, now))
     return states, node_health
 

@@ -56,7 +56,9 @@ def lines(text: str, name: str) -> list[str]:
 def test_each_subject_has_one_series_per_state_with_1_for_the_current_one() -> None:
     text = render(SNAPSHOT)
     gpu3 = [line for line in lines(text, "gpuwatchd_health_state") if 'subject="gpu:3"' in line]
-    assert len(gpu3) == len(Health)
+    # `unknown` is the node's alone (every source down): a GPU has the other four.
+    assert len(gpu3) == len(Health) - 1
+    assert not any('state="unknown"' in line for line in gpu3)
     assert 'gpuwatchd_health_state{state="quarantined",subject="gpu:3"} 1.0' in gpu3
     assert 'gpuwatchd_health_state{state="healthy",subject="gpu:3"} 0.0' in gpu3
     assert 'gpuwatchd_node_health_state{state="degraded"} 1.0' in text

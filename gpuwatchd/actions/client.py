@@ -147,6 +147,17 @@ def subject_path(subject: str) -> str:
     return f"/api/v1/quarantines/{urllib.parse.quote(subject, safe='')}"
 
 
+@dataclass(frozen=True)
+class SavedVerdict:
+    """What the state database says of the node: its health and quarantines
+    as the daemon last saved them, and when (wall-clock seconds; None when no
+    daemon ever wrote a poll)."""
+
+    health: str
+    quarantines: tuple[Quarantine, ...]
+    last_poll: float | None
+
+
 class Offline:
     """The control API's operations on the state database of a node whose
     daemon is not running; the daemon loads what they write when it starts."""
@@ -209,11 +220,12 @@ class Offline:
     def quarantines(self) -> tuple[Quarantine, ...]:
         return self.store.quarantines()
 
-    def node_verdict(self) -> tuple[str, tuple[Quarantine, ...]]:
-        """The node's health as the daemon last saved it, and the quarantines."""
+    def node_verdict(self) -> SavedVerdict:
+        """The node's health as the daemon last saved it, and when."""
         state = self.store.load_state()
         node = state.subject(NODE)
-        return (node.health.label if node is not None else "healthy"), state.quarantines
+        health = node.health.label if node is not None else "healthy"
+        return SavedVerdict(health, state.quarantines, self.store.last_poll())
 
     def _events(self, operator: str) -> EventsOf:
         names = [webhook.name for webhook in self.config.actions.webhooks]

@@ -66,6 +66,8 @@ REASON = f"{DOMAIN}/quarantine-reason"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+# A node condition's reason by the health behind it (the others: Unhealthy).
+_CONDITION_REASONS = {Health.QUARANTINED: "Quarantined", Health.UNKNOWN: "Unknown"}
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,7 @@ class Kubernetes:
         wanted = {
             condition_type(u.subject): (
                 "True",
-                "Quarantined" if u.health is Health.QUARANTINED else "Unhealthy",
+                _CONDITION_REASONS.get(u.health, "Unhealthy"),
                 f"{u.subject}: {u.reason}",
             )
             for u in unwell

@@ -114,7 +114,7 @@ def want_of(snapshot: Snapshot, gpu_quarantine: str, conditions: bool) -> Want:
         unwell = tuple(
             Unwell(subject, health, _why(snapshot, subject))
             for subject, health in sorted(snapshot.health.items())
-            if health in (Health.UNHEALTHY, Health.QUARANTINED)
+            if health in (Health.UNHEALTHY, Health.QUARANTINED, Health.UNKNOWN)
         )
     return Want(
         drain=tuple(q for q in live if drains(q)),

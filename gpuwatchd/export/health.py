@@ -22,8 +22,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatchd.export.detail import measurement_subject, only_for, troubled
 from gpuwatchd.model import Health, Measurement, Quarantine, Severity
+from gpuwatchd.policy import NODE
 from gpuwatchd.snapshot import Snapshot
 
+# `unknown` is the node's alone (every source down): a subject's series are
+# the other four, the node's all five.
+SUBJECT_STATES = tuple(health for health in Health if health is not Health.UNKNOWN)
 STATES = tuple(health.label for health in Health)
 STATE_CODES = ", ".join(f"{health.value} {health.label}" for health in Health)
 
@@ -71,11 +75,11 @@ def _health_state(snapshot: Snapshot) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "gpuwatchd_health_state",
         "Health of each subject (node, gpu, nvlink, ib port): 1 for its current state "
-        f"({', '.join(STATES)}), 0 for the others.",
+        f"({', '.join(STATES)}; unknown is the node's alone), 0 for the others.",
         labels=("subject", "state"),
     )
     for subject, health in sorted(snapshot.health.items()):
-        for state in Health:
+        for state in Health if subject == NODE else SUBJECT_STATES:
             family.add_metric([subject, state.label], float(state is health))
     return family
 
@@ -106,7 +110,8 @@ def _node_health_state_id(snapshot: Snapshot) -> GaugeMetricFamily:
 def _node_health_state(snapshot: Snapshot) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "gpuwatchd_node_health_state",
-        "Health of the node as a whole: 1 for its current state, 0 for the others.",
+        "Health of the node as a whole: 1 for its current state, 0 for the others "
+        "(unknown: every source the daemon reads is down).",
         labels=("state",),
     )
     for state in Health:
