@@ -70,7 +70,7 @@ from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, StoreError
-from gpuwatchd.units import parse_duration, parse_moment
+from gpuwatchd.units import format_duration, parse_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
 
@@ -917,8 +917,12 @@ def quarantine_list(
         click.echo(render_quarantines(quarantines))
 
 
-# Node health that takes the node out of Slurm.
-UNFIT = ("unhealthy", "quarantined")
+# Node health that takes the node out of Slurm: `unknown` is a node whose
+# every source is down, so nothing says it is well.
+UNFIT = ("unhealthy", "quarantined", "unknown")
+# A verdict from the state database older than this many poll intervals is
+# no verdict: the daemon that wrote it is down.
+STALE_POLLS = 3
 
 
 @main.command("slurm-healthcheck")
@@ -932,15 +936,27 @@ UNFIT = ("unhealthy", "quarantined")
     show_default=True,
     help="Wait this long for the daemon, then read the state database.",
 )
+@click.option(
+    "--fail-open",
+    is_flag=True,
+    help="Pass (exit 0, with a warning) when the daemon is down and its last poll is stale.",
+)
 def slurm_healthcheck(
-    node_url: str | None, config_path: str | None, state_dir: str | None, timeout: float
+    node_url: str | None,
+    config_path: str | None,
+    state_dir: str | None,
+    timeout: float,
+    fail_open: bool,
 ) -> None:
-    """Exit 1 with a one-line reason when the node is unhealthy or quarantined.
+    """Exit 1 with a one-line reason when the node is unhealthy, quarantined or
+    its health is unknown.
 
     For a Slurm Prolog (a failing prolog drains the node and requeues the job)
     or NHC's check_cmd_status. Asks the local daemon; when it is not running,
     or does not answer within --timeout, reads its state database instead (the
-    health it last saved, and the quarantines). With neither there is no
+    health it last saved, and the quarantines). A saved verdict older than
+    three poll intervals fails too (the daemon is down: nothing watches the
+    node), unless --fail-open. With neither daemon nor database there is no
     verdict on the node: that exits 0 with a warning.
     """
     target = _target(node_url, config_path, None, state_dir, timeout)
@@ -969,17 +985,38 @@ def slurm_healthcheck(
         wait = LOCK_WAIT_SECONDS if isinstance(error, DaemonDown) else 0.0
         try:
             with _offline(target, wait) as offline:
-                health, quarantines = offline.node_verdict()
+                saved = offline.node_verdict()
         except _Neither as neither:
             click.echo(f"gpuwatchd: no verdict ({_no_answer(error)}; {neither.message})")
             return
-        why = _why([dataclasses.asdict(q) for q in quarantines], [])
+        health = saved.health
+        why = _why([dataclasses.asdict(q) for q in saved.quarantines], [])
         if not isinstance(error, DaemonDown):
             click.echo(f"gpuwatchd: {_no_answer(error)}; the state database says:", err=True)
+        if health not in UNFIT:
+            _fail_if_stale(saved.last_poll, target.config.daemon.poll_interval, fail_open)
     if health in UNFIT:
         click.echo(f"gpuwatchd: node {health}: {why}")
         sys.exit(1)
     click.echo(f"gpuwatchd: node {health}")
+
+
+def _fail_if_stale(last_poll: float | None, interval: float, fail_open: bool) -> None:
+    """Exit 1 when the saved verdict is older than STALE_POLLS poll intervals
+    (or there is none): the daemon is down and nothing watches the node."""
+    age = None if last_poll is None else time.time() - last_poll
+    if age is not None and age <= STALE_POLLS * interval:
+        return
+    when = "never" if age is None else f"{format_duration(age)} ago"
+    why = (
+        f"the daemon is not running and last polled {when} (more than {STALE_POLLS} poll "
+        "intervals): nothing watches this node"
+    )
+    if fail_open:
+        click.echo(f"gpuwatchd: {why}; passing (--fail-open)", err=True)
+        return
+    click.echo(f"gpuwatchd: node unknown: {why}")
+    sys.exit(1)
 
 
 def _no_answer(error: Exception) -> str:

@@ -6,6 +6,7 @@ runs nothing; and `gpuwatchd slurm-healthcheck`."""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from gpuwatchd.actions.slurm import Slurm, SlurmConfig, parse_show_node
 from gpuwatchd.cli import main
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.model import Health, Quarantine
+from gpuwatchd.policy import PolicyConfig, evaluate
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.store import Store
 
@@ -205,11 +207,18 @@ def test_fleet_safety_holds_an_automatic_drain_back_but_never_a_manual_one(
     assert slurm.findings() == ()
 
 
-def _state_dir_with(tmp_path: Path, *quarantines: tuple[str, str]) -> Path:
+def _state_dir_with(
+    tmp_path: Path, *quarantines: tuple[str, str], polled: float | None = None
+) -> Path:
+    """A state directory with `quarantines`, last polled at `polled` (wall
+    clock seconds; never when None)."""
     state = tmp_path / "state"
     store = Store.open(str(state))
     for subject, reason in quarantines:
         store.quarantine(subject, reason, "alice", T0)
+    if polled is not None:
+        result = evaluate([], store.load_state(), polled, PolicyConfig(), ("node",))
+        store.save_poll(result, now=polled, wall=polled)
     store.close()
     return state
 
@@ -232,10 +241,26 @@ def test_slurm_healthcheck_passes_a_healthy_node_and_one_it_knows_nothing_of(
     config.write_text(f"daemon: {{listen: '127.0.0.1:1', state_dir: '{tmp_path / 'none'}'}}\n")
     unknown = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
     assert unknown.exit_code == 0 and unknown.output.startswith("gpuwatchd: no verdict")
-    state = _state_dir_with(tmp_path)
+    state = _state_dir_with(tmp_path, polled=time.time())
     config.write_text(f"daemon: {{listen: '127.0.0.1:1', state_dir: '{state}'}}\n")
     healthy = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
     assert (healthy.exit_code, healthy.output) == (0, "gpuwatchd: node healthy\n")
+
+
+def test_slurm_healthcheck_fails_a_database_no_daemon_ever_polled_unless_failing_open(
+    tmp_path: Path,
+) -> None:
+    state = _state_dir_with(tmp_path)
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text(f"daemon: {{listen: '127.0.0.1:1', state_dir: '{state}'}}\n")
+    never = CliRunner().invoke(main, ["slurm-healthcheck", "--config", str(config)])
+    assert never.exit_code == 1
+    assert never.output == (
+        "gpuwatchd: node unknown: the daemon is not running and last polled never "
+        "(more than 3 poll intervals): nothing watches this node\n"
+    )
+    opened = CliRunner().invoke(main, ["slurm-healthcheck", "--fail-open", "--config", str(config)])
+    assert opened.exit_code == 0 and "passing (--fail-open)" in opened.stderr
 
 
 def test_slurm_healthcheck_reads_the_state_database_when_the_daemon_hangs(

@@ -28,6 +28,16 @@ def set_revision(db: sqlite3.Connection, number: int) -> None:
     db.execute("UPDATE policy_state SET revision = ?", (number,))
 
 
+def last_poll(db: sqlite3.Connection) -> float | None:
+    """When the daemon last wrote a poll (wall-clock seconds), if ever."""
+    value: float | None = db.execute("SELECT last_poll FROM policy_state").fetchone()[0]
+    return value
+
+
+def set_last_poll(db: sqlite3.Connection, wall: float) -> None:
+    db.execute("UPDATE policy_state SET last_poll = ?", (wall,))
+
+
 def quarantines(db: sqlite3.Connection) -> tuple[Quarantine, ...]:
     rows = db.execute("SELECT * FROM quarantines ORDER BY subject").fetchall()
     return tuple(

@@ -270,5 +270,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     CREATE INDEX canary_mismatches_time ON canary_mismatches (time);
     """,
     _boards_by_uuid,
+    # When the daemon last wrote a poll (the wall clock): a verdict read from
+    # the database is only as fresh as that (slurm-healthcheck).
+    "ALTER TABLE policy_state ADD COLUMN last_poll REAL",
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -124,6 +124,11 @@ class Store:
         with self._database.reading() as db:
             return policy_state.quarantines(db)
 
+    def last_poll(self) -> float | None:
+        """When the daemon last wrote a poll (wall-clock seconds), if ever."""
+        with self._database.reading() as db:
+            return policy_state.last_poll(db)
+
     def save_poll(
         self,
         result: PolicyResult,
@@ -133,12 +138,14 @@ class Store:
         readings: Iterable[Reading] = (),
         events: Sequence[OutboxEvent] = (),
         earlier: Sequence[UnsavedPoll] = (),
+        wall: float | None = None,
     ) -> PolicyState:
         """Write one poll in one transaction: its quarantines, policy state,
         journal, XIDs (under `boot_id`), the readings' samples and the webhook
         events it raised, after the journal, XIDs and events of the `earlier`
-        polls that could not be written. Raises StateConflict, writing
-        nothing, when the state changed since it was read."""
+        polls that could not be written, and `wall`, the wall clock's time of
+        the poll (`last_poll`). Raises StateConflict, writing nothing, when
+        the state changed since it was read."""
         readings = tuple(readings)
         with self._database.writing() as db:
             revision = policy_state.revision(db)
@@ -153,6 +160,8 @@ class Store:
                     record_xids(db, poll.boot_id, poll.readings, poll.now)
                 enqueue(db, poll.events)
             record_samples(db, readings)
+            if wall is not None:
+                policy_state.set_last_poll(db, wall)
             if changed:
                 revision += 1
                 policy_state.set_revision(db, revision)
