@@ -141,31 +141,25 @@ def _lost(sample: GpuSample, boots: BootRecord, now: float, xid: XidConfig) -> F
     """A lost GPU: drained at once, condemned when it was lost (or logged XID
     79) in `reboots_before_inspection` earlier boots within `reboot_window`."""
     reboots = boots.reboots_since_first(sample.uuid, FALLEN_OFF_BUS, since=now - xid.reboot_window)
+    escalated = reboots >= xid.reboots_before_inspection
     evidence: dict[str, float | int | str] = {"uuid": sample.uuid} if sample.uuid else {}
-    message = f"GPU {sample.index} is lost: it no longer answers on the bus"
-    if reboots < xid.reboots_before_inspection:
-        return Finding(
-            subject=gpu_subject(sample.index),
-            check=NAME,
-            code="gpu_lost",
-            severity=Severity.CRITICAL,
-            message=f"{message}; reboot the node",
-            action=Action.REBOOT,
-            evidence=evidence,
-            immediate=True,
+    why = "; reboot the node"
+    if escalated:
+        evidence["reboots"] = reboots
+        why = (
+            f", and fell off the bus in each of the last {reboots} reboots within "
+            f"{format_duration(xid.reboot_window)}: a reboot does not cure it; inspect the board"
         )
     return Finding(
         subject=gpu_subject(sample.index),
         check=NAME,
         code="gpu_lost",
         severity=Severity.CRITICAL,
-        message=(
-            f"{message}, and fell off the bus in each of the last {reboots} reboots within "
-            f"{format_duration(xid.reboot_window)}: a reboot does not cure it; inspect the board"
-        ),
-        action=Action.INSPECT_HARDWARE,
-        evidence={**evidence, "reboots": reboots},
-        definitive=True,
+        message=f"GPU {sample.index} is lost: it no longer answers on the bus{why}",
+        action=Action.INSPECT_HARDWARE if escalated else Action.REBOOT,
+        evidence=evidence,
+        definitive=escalated,
+        immediate=not escalated,
     )
 
 
