@@ -182,7 +182,12 @@ def test_the_daemon_plans_the_tile_canaries_from_the_capability_nvml_reads(
     requests: list[BurstRequest] = []
 
     def record(
-        request: BurstRequest, *, timeout: float, clock: Clock, telemetry: Any = None
+        request: BurstRequest,
+        *,
+        timeout: float,
+        clock: Clock,
+        telemetry: Any = None,
+        group: Any = None,
     ) -> BurstOutcome:
         requests.append(request)
         return BurstOutcome(request, (), clock.now(), clock.now())

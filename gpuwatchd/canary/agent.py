@@ -50,7 +50,13 @@ from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.modes import GpuModes, ModeReader, skip_reason
 from gpuwatchd.canary.peers import peer_groups
 from gpuwatchd.canary.result import CanaryResult, Telemetry, TelemetrySource, failed
-from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, fail_on_xids, run_burst
+from gpuwatchd.canary.runner import (
+    BurstOutcome,
+    BurstRequest,
+    WorkerGroup,
+    fail_on_xids,
+    run_burst,
+)
 from gpuwatchd.canary.spec import BackendKind, CanarySpec, default_suite, host_suite
 from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.canary.wire import WireError, from_wire
@@ -71,6 +77,7 @@ class BurstRunner(Protocol):
         timeout: float,
         clock: Clock,
         telemetry: TelemetrySource,
+        group: WorkerGroup | None,
     ) -> BurstOutcome: ...
 
 
@@ -160,6 +167,8 @@ class CanaryAgent:
         self._executor = executor or ThreadPoolExecutor(
             MAX_CONCURRENT_BURSTS, thread_name_prefix="canary"
         )
+        # The bursts' worker processes, ended at once by `close`.
+        self._workers = WorkerGroup()
         # Swapped whole by poll, read by the burst threads' telemetry.
         self._samples: Mapping[int, GpuSample] = MappingProxyType({})
         self._jobs: dict[str, _Job] = {}
@@ -242,7 +251,9 @@ class CanaryAgent:
             self._unchecked[gpu] = (reason, now)
 
     def close(self) -> None:
-        """Start nothing more; running bursts end by their own timeout."""
+        """Start nothing more and end the running bursts now: their workers
+        are killed, so no burst hung on a GPU holds the daemon's exit."""
+        self._workers.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _telemetry(self, gpu: int) -> Telemetry:
@@ -452,6 +463,7 @@ class CanaryAgent:
                 timeout=self._config.timeout,
                 clock=self._clock,
                 telemetry=self._telemetry,
+                group=self._workers,
             )
         except Exception as error:  # cannot start a worker: the burst failed
             log.exception("canary burst could not run")

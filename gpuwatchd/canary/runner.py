@@ -12,6 +12,12 @@ survives into the daemon. An XID on the GPU during the burst fails it too
 
 Each result is stamped with the caller's clock and the GPU's telemetry as
 the result arrives.
+
+Workers never outlive their caller: a caller that stops ends every burst at
+once (`WorkerGroup.stop`: each worker's process group killed, so a burst
+hung in a kernel does not hold a daemon's exit for its timeout), and a
+worker dies with the process that started it, even by SIGKILL (it asks the
+kernel for SIGKILL when its parent dies: PR_SET_PDEATHSIG, worker.py).
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ WORKER_ENVIRONMENT: Mapping[str, str] = {
     "CUDA_MPS_PIPE_DIRECTORY": "/nonexistent/gpuwatchd-no-mps",
 }
 STDERR_TAIL_LINES = 20
+# The worker is told its parent's pid: if the parent is gone by the time the
+# worker has asked for its death signal, the worker ends at once.
+PARENT_PID = "GPUWATCHD_CANARY_PARENT"
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,37 @@ def worker_environment(request: BurstRequest) -> dict[str, str]:
     return environment
 
 
+class WorkerGroup:
+    """The worker processes one caller's bursts run in, so that the caller
+    can end them all at once when it stops (`stop`); a worker started after
+    that is killed as it starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._workers: set[_Worker] = set()
+        self._stopped = False
+
+    def add(self, worker: _Worker) -> None:
+        with self._lock:
+            stopped = self._stopped
+            if not stopped:
+                self._workers.add(worker)
+        if stopped:
+            worker.kill()
+
+    def discard(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.discard(worker)
+
+    def stop(self) -> None:
+        """Kill every worker running now, and every one started from now on."""
+        with self._lock:
+            self._stopped = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.kill()
+
+
 class _Worker:
     """One worker process and the threads that read its output."""
 
@@ -148,7 +188,7 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=dict(environment),
+            env={**environment, PARENT_PID: str(os.getpid())},
             text=True,
             # Its own process group: a timeout kills the worker and anything
             # it started, and a Ctrl-C on the CLI reaches the CLI alone.
@@ -231,9 +271,10 @@ def run_burst(
     clock: Clock,
     telemetry: TelemetrySource = no_telemetry,
     on_result: Callable[[CanaryResult], None] | None = None,
+    group: WorkerGroup | None = None,
 ) -> BurstOutcome:
     """Run one burst in a worker process; returns when the worker is done,
-    dead or killed at `timeout` seconds (real time)."""
+    dead or killed at `timeout` seconds (real time), or when `group` stops."""
     started = clock.now()
     deadline = time.monotonic() + timeout
     first_core = request.cpu_cores[0] if request.cpu_cores else None
@@ -261,6 +302,8 @@ def run_burst(
             )
 
     worker = _Worker([], worker_environment(request), json.dumps(to_wire(request)))
+    if group is not None:
+        group.add(worker)
     try:
         while (line := worker.next_line(deadline)) is not None:
             event = _parse(line)
@@ -277,6 +320,8 @@ def run_burst(
         fail("timeout", f"no result within {timeout:g}s; the worker was killed")
     finally:
         worker.kill()
+        if group is not None:
+            group.discard(worker)
     return BurstOutcome(request, tuple(results), started, clock.now())
 
 

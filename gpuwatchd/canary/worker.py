@@ -10,12 +10,20 @@ CUDA backend sees instead, one JSON object a line.
 The protocol has stdout to itself: anything else the process prints at
 file-descriptor level (a library's banner, a driver's warning) goes to
 stderr, which the runner keeps for error messages.
+
+The worker dies with the process that started it: it asks the kernel for
+SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG, Linux), and ends at
+once if the parent died before it could ask. A daemon killed with SIGKILL
+leaves no worker computing on a GPU for nobody.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +31,14 @@ from typing import Any
 from gpuwatchd.canary.backend import Backend, open_backend
 from gpuwatchd.canary.inject import FaultyBackend
 from gpuwatchd.canary.result import CanaryResult, TelemetrySource, failed, no_telemetry
-from gpuwatchd.canary.runner import BurstOutcome, BurstRequest, ProbedGpu, stamp
+from gpuwatchd.canary.runner import (
+    PARENT_PID,
+    BurstOutcome,
+    BurstRequest,
+    ProbedGpu,
+    WorkerGroup,
+    stamp,
+)
 from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.canary.suite import ReferenceCache, RunContext, run_canary
 from gpuwatchd.canary.wire import from_wire, to_wire
@@ -108,10 +123,11 @@ def run_in_process(
     timeout: float,
     clock: Clock,
     telemetry: TelemetrySource = no_telemetry,
+    group: WorkerGroup | None = None,
 ) -> BurstOutcome:
-    """The burst in the calling process, without the runner's timeout (which
-    it accepts to stand in for run_burst): for tests and the benchmark,
-    never for a real GPU."""
+    """The burst in the calling process, without the runner's timeout or a
+    worker group (which it accepts to stand in for run_burst): for tests and
+    the benchmark, never for a real GPU."""
     started = clock.now()
     results: list[CanaryResult] = []
 
@@ -130,7 +146,23 @@ def probe(emit: Emit) -> None:
         emit(to_wire(ProbedGpu(index, name)))
 
 
+# linux/prctl.h
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Have the kernel kill this process when its parent dies; False when the
+    parent (named in the environment by the runner) is already gone."""
+    libc = ctypes.util.find_library("c")
+    if libc is not None:
+        ctypes.CDLL(libc, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = os.environ.get(PARENT_PID)
+    return parent is None or str(os.getppid()) == parent
+
+
 def main(argv: list[str]) -> int:
+    if not die_with_parent():
+        return 3
     protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 
