@@ -105,6 +105,17 @@ def test_a_file_without_its_total_line_is_refused() -> None:
         parse_aer("RxErr 1 2\nTOTAL_ERR_COR 1\n", "TOTAL_ERR_COR")
 
 
+def test_an_aer_file_with_two_total_lines_is_an_absent_severity_not_a_fault(
+    tmp_path: Path,
+) -> None:
+    # Review adversarial-2, row 307: 0 then 5; aer.c writes each line once.
+    root = node_tree(tmp_path, aer_dev_fatal="DLP 0\nTOTAL_ERR_FATAL 0\nTOTAL_ERR_FATAL 5\n")
+    function = (poll(root).pcie_functions or ())[0]
+    assert "fatal" not in function.aer_errors and function.aer_errors["nonfatal"] == 3
+    with pytest.raises(ValueError, match="TOTAL_ERR_FATAL twice"):
+        parse_aer("TOTAL_ERR_FATAL 0\nTOTAL_ERR_FATAL 5\n", "TOTAL_ERR_FATAL")
+
+
 def test_a_function_without_aer_has_no_aer_values_and_the_rest_is_read(tmp_path: Path) -> None:
     root = node_tree(tmp_path)
     for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):

@@ -53,17 +53,22 @@ def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
     """One aer_dev_* file: its total and the non-zero counts by error name.
 
     Raises ValueError when the file is not aer.c's format: a line that is not
-    `NAME count`, a count that is not a u64, or no total line.
+    `NAME count`, a count that is not a u64, a name twice (aer.c writes each
+    once: which of two would be the count?), or no total line.
     """
     total: int | None = None
     causes: dict[str, int] = {}
     lines = text.splitlines()
     if len(lines) > MAX_AER_LINES:
         raise ValueError(f"{len(lines)} lines, more than aer.c writes")
+    seen: set[str] = set()
     for line in lines:
         parts = line.split()
         if len(parts) != 2 or not _CAUSE_RE.match(parts[0]):
             raise ValueError(f"not a 'NAME count' line: {line[:60]!r}")
+        if parts[0] in seen:
+            raise ValueError(f"{parts[0]} twice")
+        seen.add(parts[0])
         count = parse_counter(parts[1])
         if parts[0] == total_name:
             total = count
