@@ -86,7 +86,7 @@ def test_a_long_run_at_the_shortest_interval_keeps_resources_flat(tmp_path: Path
     # (CI's 10^5 polls) compares memory between two points after that, a
     # shorter one between a quarter of it and its end.
     full = int(DaemonConfig().history / SOAK_INTERVAL) + 1
-    first = full + (SOAK_POLLS - full) // 10 if SOAK_POLLS > 2 * full else SOAK_POLLS // 4
+    first = full + (SOAK_POLLS - full) // 10 if 2 * full < SOAK_POLLS else SOAK_POLLS // 4
     # Faults that come and go every few minutes: the journal grows, and is pruned.
     scenario = (
         "node: {gpus: 2, nvlinks: 2, hcas: 0}\n"
