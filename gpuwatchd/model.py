@@ -71,8 +71,9 @@ ECC_SCOPES: tuple[str, ...] = ("volatile", "aggregate")
 # Row-remapper histogram buckets (nvmlRowRemapperHistogramValues_t), most spare rows first.
 ROW_REMAPPER_BUCKETS: tuple[str, ...] = ("max", "high", "partial", "low", "none")
 
-# nvmlDeviceGpuRecoveryAction_t (nvml.h from NVML 12.8 / R570; 6 and 7 from
-# nvidia-ml-py 13.615), under the label values of gpuwatchd_gpu_recovery_action.
+# nvmlDeviceGpuRecoveryAction_t (the field from R565, NVML's change log; first
+# in the 12.8 = R570 header; 6 and 7 from nvidia-ml-py 13.615), under the label
+# values of gpuwatchd_gpu_recovery_action.
 GPU_RECOVERY_ACTIONS: Mapping[int, str] = MappingProxyType(
     {
         0: "none",
@@ -94,6 +95,48 @@ FABRIC_STATES: Mapping[int, str] = MappingProxyType(
 FABRIC_STATE_NOT_SUPPORTED = 0
 FABRIC_STATE_NOT_STARTED = 1
 FABRIC_STATE_COMPLETED = 3
+
+# The fabric's health mask (nvmlGpuFabricInfo_v2_t.healthMask) is no set of
+# bits: it packs one small enumeration per condition, at the shift and width
+# nvml.h's NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*/_WIDTH_* give (read with its
+# NVML_GPU_FABRIC_HEALTH_GET). Widths as the CUDA 12.8 header on has them:
+# the 12.4-12.6 headers, and nvidia-ml-py 12.570.86, misprint the 2-bit
+# widths as 0x11, which would read a neighbour's bit into each field.
+# Degraded bandwidth from R550; route recovery, route unhealthy and access
+# timeout recovery from R570; incorrect configuration from R580 (13.0).
+FABRIC_HEALTH_FIELDS: Mapping[str, tuple[int, int]] = MappingProxyType(
+    {
+        "degraded_bandwidth": (0, 0x3),
+        "route_recovery": (2, 0x3),
+        "route_unhealthy": (4, 0x3),
+        "access_timeout_recovery": (6, 0x3),
+        "incorrect_configuration": (8, 0xF),
+    }
+)
+# The 2-bit fields read 0 not supported, 1 true (the condition holds), 2 false.
+FABRIC_HEALTH_TRUE = 1
+FABRIC_HEALTH_FALSE = 2
+# The configuration field reads 0 not supported, 1 none (correct), and from 2
+# what is wrong (NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_*).
+FABRIC_CONFIGURATION_CORRECT = 1
+FABRIC_INCORRECT_CONFIGURATIONS: Mapping[int, str] = MappingProxyType(
+    {
+        2: "incorrect_sysguid",
+        3: "incorrect_chassis_sn",
+        4: "no_partition",
+        5: "insufficient_nvlinks",
+        6: "incompatible_gpu_fw",
+        7: "invalid_location",
+        8: "gpu_state_invalid",
+    }
+)
+
+
+def fabric_health_field(mask: int, name: str) -> int:
+    """One condition's value in a fabric health mask (NVML_GPU_FABRIC_HEALTH_GET)."""
+    shift, width = FABRIC_HEALTH_FIELDS[name]
+    return (mask >> shift) & width
+
 
 # Retired pages (pre-Ampere page retirement), by cause.
 RETIRED_PAGE_CAUSES: tuple[str, ...] = ("multiple_single_bit", "double_bit")
@@ -164,6 +207,9 @@ class GpuSample:
     # which nvml.h says to read only once the state is COMPLETED.
     fabric_state: int | None = None
     fabric_status: int | None = None
+    # The fabric's health mask (FABRIC_HEALTH_FIELDS), from the versioned
+    # call only (the unversioned struct has none).
+    fabric_health_mask: int | None = None
     utilization_gpu_ratio: float | None = None
     utilization_memory_ratio: float | None = None
     ecc_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (type, scope)
@@ -180,7 +226,8 @@ class GpuSample:
     # none), from nvmlDeviceGetRowRemapperHistogram.
     row_remapper_banks: Mapping[str, int] = field(default_factory=dict)
     # The driver's own verdict on what the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
-    # R570 and later): one of GPU_RECOVERY_ACTIONS' codes.
+    # R565 and later; on R560 its reset and drain-and-reset status fields, as
+    # `gpu_reset` and `drain_and_reset`): one of GPU_RECOVERY_ACTIONS' codes.
     recovery_action: int | None = None
     # A call answered NVML_ERROR_RESET_REQUIRED: "the GPU requires a reset
     # before it can be used again" (nvml.h).

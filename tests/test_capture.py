@@ -36,7 +36,7 @@ from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.fake_nvml import DEFAULT_DRIVER_VERSION, FakeNvml
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.node import SimulatedNode
-from gpuwatchd.sim.replay import CapturedFabric
+from gpuwatchd.sim.replay import CapturedFabric, captured_gpus
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig
 from gpuwatchd.sources.infiniband import InfinibandSource
@@ -203,6 +203,21 @@ def test_captured_counters_are_where_the_replay_starts(tmp_path: Path) -> None:
     assert (gpu0.remapped_rows_correctable, gpu0.remapped_rows_uncorrectable) == (2, 1)
     links = {link.link: link for link in gpu0.nvlinks}
     assert links[9].errors["crc_flit"] == 4242 and links[4].up is False and links[5].up is True
+
+
+def test_a_model_unknown_to_the_simulator_replays_as_the_architecture_it_answered(
+    tmp_path: Path,
+) -> None:
+    # An H100 reads its NVLinks through the error-counter call, which says
+    # nothing of its generation; its captured nvmlDeviceGetArchitecture does.
+    document = json.loads(_capture_of(tmp_path).read_text())
+    for gpu in capture.gpu_documents(document):
+        for call in gpu["calls"]:
+            if call["function"] == "nvmlDeviceGetName":
+                call["answers"] = [{"value": "NVIDIA H100 NVL"}]
+    first, second = captured_gpus(document)
+    assert first.spec.name == "NVIDIA H100 NVL"
+    assert first.spec.architecture == second.spec.architecture == "hopper"
 
 
 def test_a_refusal_the_fake_cannot_serve_is_listed_not_hidden(tmp_path: Path) -> None:

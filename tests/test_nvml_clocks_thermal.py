@@ -15,7 +15,7 @@ from gpuwatchd.checks.clocks import ClocksConfig
 from gpuwatchd.checks.thermal import ThermalConfig
 from gpuwatchd.history import History
 from gpuwatchd.model import CLOCKS_EVENT_REASONS, Severity
-from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION
+from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION, FakeNvml
 from gpuwatchd.sources.nvml import counter_ids
 
 NVML_LOG = "gpuwatchd.sources.nvml"
@@ -102,7 +102,7 @@ def test_hw_thermal_counter_is_read_at_the_branch_id_never_the_power_smoothing_f
     driver: str, counter_id: int
 ) -> None:
     # On B200 the other branch's id answers a power smoothing setting: reading
-    # the binding's constant (270) on R580 would give a 1, not nanoseconds.
+    # the binding's constant (270) on R580 would give a 0 or 1, not nanoseconds.
     throttle = "[{at: 10s, kind: thermal_throttle, gpu: 0}]"
     with simulated_node(throttle, model=B200, driver_version=driver) as node:
         sample = node.gpu_at(100)
@@ -114,7 +114,7 @@ def test_hw_thermal_counter_is_read_at_the_branch_id_never_the_power_smoothing_f
     expected = state.violation_ns["hw_thermal_slowdown"]
     assert expected == 70e9
     assert counter.value.ullVal == expected
-    assert other.value.uiVal == 1
+    assert other.value.uiVal in (0, 1)
     assert sample.throttle_seconds["hw_thermal_slowdown"] == pytest.approx(70)
     assert sample.throttle_seconds["hw_power_brake_slowdown"] == 0
 
@@ -182,6 +182,68 @@ def test_violation_status_refused_on_r590_reads_sw_thermal_at_269_for_thermal() 
         state = node.hardware.state(0)
     assert sample.throttle_seconds["thermal"] == pytest.approx(state.violation_ns["thermal"] / 1e9)
     assert sample.throttle_seconds["thermal"] == pytest.approx(70)
+
+
+# -- counter ids checked by behaviour -------------------------------------------------------
+# The 12.9/13.0 headers put the counters at 251-253; NVML's change log has
+# R580 renumbered as 13.1 is, with power smoothing settings at 251-253. The
+# fake's `field_numbering` serves such an R580.
+
+
+def misnumbered_r580(fake: FakeNvml) -> None:
+    fake.field_numbering = 590
+
+
+def test_a_counter_id_answering_a_setting_of_1_is_left_absent_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=NVML_LOG)
+    brake = "[{at: 10s, kind: power_brake, gpu: 0}]"
+    with simulated_node(
+        brake, model=B200, driver_version=R580_DRIVER_VERSION, before_start=misnumbered_r580
+    ) as node:
+        history = record(node, 400)
+        output = thermal.run(history, node.clock.now(), ThermalConfig())
+    samples = [sample for _, sample in history.gpu(0)]
+    # 253 answers IMM_RAMP_DOWN_ENABLED's 1: once is no proof, twice is.
+    assert samples[0].throttle_seconds["hw_power_brake_slowdown"] == pytest.approx(1e-9)
+    assert all("hw_power_brake_slowdown" not in s.throttle_seconds for s in samples[1:])
+    # 252 answers PRIV_LVL's 0 with no thermal slowdown: as a counter would.
+    assert all(s.throttle_seconds["hw_thermal_slowdown"] == 0 for s in samples)
+    [line] = [r for r in caplog.records if "not a counter" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert "hw_power_brake_slowdown] on GPU 0-1" in line.getMessage()
+    # The slowdown is judged from the reason bits, and nothing else is raised.
+    (finding,) = output.findings
+    assert (finding.subject, finding.code) == ("gpu:0", "hw_slowdown_while_cool")
+    assert finding.evidence["sample_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("misnumbered", [False, True])
+def test_a_counter_that_does_not_grow_while_its_reason_bit_is_set_is_left_absent(
+    misnumbered: bool,
+) -> None:
+    throttle = "[{at: 10s, kind: thermal_throttle, gpu: 0}]"
+    with simulated_node(
+        throttle,
+        model=B200,
+        driver_version=R580_DRIVER_VERSION,
+        before_start=misnumbered_r580 if misnumbered else None,
+    ) as node:
+        history = record(node, 120)
+    samples = dict(history.gpu(0))
+    start = history.gpu(0)[0][0]
+    slowed = [samples[start + t] for t in (30, 40)]
+    assert all(s.reason_active("hw_thermal_slowdown") for s in slowed)
+    later = samples[start + 120].throttle_seconds
+    if misnumbered:
+        # PRIV_LVL's 0 stayed 0 over two polls of HW thermal slowdown.
+        assert "hw_thermal_slowdown" in samples[start + 40].throttle_seconds
+        assert "hw_thermal_slowdown" not in later
+    else:
+        assert later["hw_thermal_slowdown"] == pytest.approx(90)
+    # The other GPU, never slowed, keeps its reading either way.
+    assert history.gpu(1)[-1][1].throttle_seconds["hw_thermal_slowdown"] == 0
 
 
 # -- temperature thresholds ---------------------------------------------------------------

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.model import Severity
-from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION, encode_ber
+from gpuwatchd.sim.fake_nvml import R580_DRIVER_VERSION, FakeNvml, encode_ber
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources.nvml import LINK_REPROBE_POLLS
 
@@ -182,6 +182,63 @@ def test_hopper_answers_the_legacy_fields_with_zero_and_refuses_nvlink5_fields()
         )
         assert (legacy.nvmlReturn, legacy.value.ullVal) == (pynvml.NVML_SUCCESS, 0)
         assert nvlink5.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
+def answer_link_recovery_on_every_gpu(fake: FakeNvml) -> None:
+    """A Hopper driver answering one NVLink5 COUNT field with SUCCESS and 0,
+    as the review supposes one might (nvml.h documents the fields "in
+    NVLink5"; which codes Hopper answers for each is not known)."""
+    recovery = pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS
+    fake.fail_field(recovery, pynvml.NVML_SUCCESS)
+
+
+@pytest.mark.parametrize("architecture_known", [True, False])
+def test_hopper_takes_the_error_counter_call_by_its_architecture_not_the_first_answer(
+    architecture_known: bool,
+) -> None:
+    def driver(fake: FakeNvml) -> None:
+        answer_link_recovery_on_every_gpu(fake)
+        if not architecture_known:
+            fake.remove_function("nvmlDeviceGetArchitecture")
+
+    with simulated_node(STORM_ON_LINK_7, before_start=driver) as node:
+        links = node.gpu_at(60).nvlinks
+    if architecture_known:
+        assert all(set(link.errors) == HOPPER_KINDS for link in links)
+        assert links[7].errors["crc_flit"] >= 5000
+    else:
+        # Unknown, the first interface that answers is kept: here NVLink5's,
+        # which blinds the GPU to its CRC errors. Why the architecture decides.
+        assert all(set(link.errors) == {"recovery"} for link in links)
+
+
+def test_b200_whose_architecture_is_not_known_still_finds_nvlink5_counters() -> None:
+    with simulated_node(
+        "[{at: 0s, kind: nvlink_crc_storm, gpu: 0, link: 2, rate: 2/s}]",
+        model=B200,
+        driver_version=R580_DRIVER_VERSION,
+        before_start=lambda fake: fake.remove_function("nvmlDeviceGetArchitecture"),
+    ) as node:
+        links = node.gpu_at(30).nvlinks
+    assert links[2].errors["effective_errors"] > 0
+
+
+def test_the_architecture_is_read_once_not_at_every_probe() -> None:
+    # No counter interface answers (R570 Hopper without the error-counter
+    # call), so the GPU is probed again after LINK_REPROBE_POLLS; were the
+    # architecture asked again there, GPU_IS_LOST would make the GPU lost.
+    with simulated_node(
+        before_start=lambda fake: fake.remove_function("nvmlDeviceGetNvLinkErrorCounter")
+    ) as node:
+        node.gpu_at(10)
+        node.fake.fail(pynvml.NVML_ERROR_GPU_IS_LOST, "nvmlDeviceGetArchitecture")
+        node.fake.restore_function("nvmlDeviceGetNvLinkErrorCounter")
+        seconds = 10 + 10 * LINK_REPROBE_POLLS
+        for second in range(20, seconds, 10):
+            assert node.gpu_at(second).up
+        probed_again = node.gpu_at(seconds)
+    assert probed_again.up
+    assert all(set(link.errors) == HOPPER_KINDS for link in probed_again.nvlinks)
 
 
 def test_a_link_refusing_its_state_at_discovery_hides_none_of_the_links_after_it() -> None:

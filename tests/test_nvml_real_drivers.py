@@ -22,6 +22,8 @@ from gpuwatchd.sources.nvml import REASK_REFUSED_S, NvmlSource
 
 NVML_LOG = "gpuwatchd.sources.nvml"
 R550 = "550.54.15"
+R560 = "560.35.03"
+R565 = "565.57.01"
 
 
 def judged(reading: Reading) -> list[tuple[str, str, Severity, Action, bool]]:
@@ -130,6 +132,68 @@ def test_a_driver_without_the_recovery_action_field_gives_no_value_and_no_findin
         reading = node.poll_at(10)
     assert reading.gpus is not None and reading.gpus[0].recovery_action is None
     assert judged(reading) == []
+
+
+@pytest.mark.parametrize(
+    ("action", "code", "expected"),
+    [
+        (
+            "gpu_reset",
+            1,
+            [("gpu:0", "gpu_recovery_action", Severity.CRITICAL, Action.RESET_GPU, True)],
+        ),
+        (
+            "drain_and_reset",
+            4,
+            [("gpu:0", "gpu_recovery_action", Severity.CRITICAL, Action.RESET_GPU, True)],
+        ),
+        # R560 has no field for a reboot or a P2P drain: only its reset verdicts speak.
+        ("node_reboot", 0, []),
+    ],
+)
+def test_r560_reads_its_reset_and_drain_and_reset_status_as_the_recovery_action(
+    action: str, code: int, expected: list[tuple[str, str, Severity, Action, bool]]
+) -> None:
+    fault = f"[{{at: 5s, kind: recovery_action, gpu: 0, action: {action}}}]"
+    with simulated_node(fault, driver_version=R560) as node:
+        calm = node.poll_at(1)
+        reading = node.poll_at(10)
+    assert calm.gpus is not None and calm.gpus[0].recovery_action == 0
+    assert reading.gpus is not None and reading.gpus[0].recovery_action == code
+    assert judged(reading) == expected
+
+
+def test_r565_reads_the_recovery_action_field_nvml_added_in_it() -> None:
+    fault = "[{at: 5s, kind: recovery_action, gpu: 0, action: drain_p2p}]"
+    with simulated_node(fault, driver_version=R565) as node:
+        reading = node.poll_at(10)
+    assert reading.gpus is not None and reading.gpus[0].recovery_action == 3
+
+
+def test_a_field_past_the_drivers_range_is_refused_once_and_never_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, NVML_LOG)
+    fault = "[{at: 5s, kind: recovery_action, gpu: 0, action: gpu_reset}]"
+    with simulated_node(fault, driver_version=R550) as node:
+        first = node.gpu_at(10)
+        # Were field 230 asked again, this library would now answer it.
+        node.fake.driver_version = "570.172.08"
+        later = node.gpu_at(20 + REASK_REFUSED_S)
+    assert first.recovery_action is None and later.recovery_action is None
+    [line] = [r for r in caplog.records if "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION" in r.getMessage()]
+    assert line.levelno == logging.INFO
+    assert "Invalid Argument" in line.getMessage() and "past the 199" in line.getMessage()
+
+
+def test_invalid_argument_for_a_field_the_driver_defines_is_asked_again() -> None:
+    with simulated_node() as node:
+        node.fake.fail_field(pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        refused = node.gpu_at(10)
+        node.fake.clear_failures()
+        back = node.gpu_at(20)
+    assert refused.temperature_memory_celsius is None
+    assert back.temperature_memory_celsius is not None
 
 
 # -- memory: NVIDIA's RMA criteria are read ---------------------------------------

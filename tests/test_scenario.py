@@ -136,6 +136,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "generation": 4,
         "severity": "fatal",
         "setting": "ecc_mode",
+        "mask": 0x10,
     }
     values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():

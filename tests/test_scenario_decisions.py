@@ -129,6 +129,33 @@ CASES: dict[str, Expected] = {
             "with `code`, completed with that error)"
         ),
     ),
+    "fabric_health_route_unhealthy": Expected(
+        "{kind: fabric_health, gpu: 1, mask: 0x10}",
+        "gpu:1",
+        "fabric_unhealthy",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        finding=0,
+        decision=300,
+        node_quarantined=True,
+        row=(
+            "`fabric_health` (`mask`: `0x10` route unhealthy; `0x500`..., an incorrect "
+            "configuration, on R580)"
+        ),
+    ),
+    "fabric_health_degraded_bandwidth": Expected(
+        "{kind: fabric_health, gpu: 1, mask: 0x1}",
+        "gpu:1",
+        "fabric_degraded",
+        Severity.WARN,
+        Health.DEGRADED,
+        finding=0,
+        decision=30,
+        row=(
+            "`fabric_health` (`mask`: `0x1` degraded bandwidth; `0x4`, `0x40`: a route or "
+            "access timeout recovery)"
+        ),
+    ),
     "pcie_replay_storm": Expected(
         "{kind: pcie_replay_storm, gpu: 1, rate: 10/s}",
         "gpu:1",

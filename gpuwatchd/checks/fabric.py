@@ -1,7 +1,8 @@
 """Fabric check: a GPU of an NVSwitch system that the fabric manager has not
-registered.
+registered, or whose fabric says it is unwell.
 
-Reads each GPU's fabric state and status (nvmlDeviceGetGpuFabricInfoV). On
+Reads each GPU's fabric state, status and health mask
+(nvmlDeviceGetGpuFabricInfoV). On
 Hopper and later NVSwitch systems a GPU joins the NVLink fabric only once the
 fabric manager has registered it; until then CUDA P2P over NVLink is not set
 up and NCCL's initialisation hangs on it (the fabric manager's user guide:
@@ -12,6 +13,17 @@ of the fabric manager starting) is critical too. Neither is definitive: a
 fabric manager restart or a reset registers the GPU again, so policy confirms
 it first. A GPU without a fabric to join (state NOT_SUPPORTED, or the call
 refused on older GPUs) raises nothing.
+
+The health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*, decoded field by field:
+a field reading "false" or "not supported" is healthy) says how the fabric
+carries the GPU's traffic. Bandwidth degraded, or a route or access timeout
+recovery in progress, is a warning: NVLink traffic still flows, slower. A
+route the fabric calls unhealthy, or a configuration it calls incorrect (a
+wrong system GUID or chassis, no partition, too few NVLinks, incompatible
+firmware, an invalid location or GPU state), is critical: jobs spanning the
+fabric cannot rely on it. Neither is definitive: it is the fabric's state,
+which the fabric manager or an operator repairs, so policy confirms it and
+releases it once the mask is healthy again.
 """
 
 from __future__ import annotations
@@ -23,6 +35,9 @@ from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_subject
 from gpuwatchd.history import History
 from gpuwatchd.model import (
+    FABRIC_CONFIGURATION_CORRECT,
+    FABRIC_HEALTH_TRUE,
+    FABRIC_INCORRECT_CONFIGURATIONS,
     FABRIC_STATE_COMPLETED,
     FABRIC_STATE_NOT_SUPPORTED,
     FABRIC_STATES,
@@ -30,11 +45,17 @@ from gpuwatchd.model import (
     Finding,
     GpuSample,
     Severity,
+    fabric_health_field,
 )
 from gpuwatchd.settings import Seconds
 
 NAME = "fabric"
 _SUCCESS = 0  # NVML_SUCCESS
+# The health mask's conditions that slow the fabric's traffic, and those that
+# leave it without a route (the configuration is judged apart: it is an
+# enumeration of what is wrong, not a yes or no).
+_DEGRADING = ("degraded_bandwidth", "route_recovery", "access_timeout_recovery")
+_UNHEALTHY = ("route_unhealthy",)
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,7 @@ def run(history: History, now: float, config: FabricConfig) -> CheckOutput:
             continue
         if latest.fabric_state == FABRIC_STATE_NOT_SUPPORTED:
             continue
+        findings.extend(_health(latest))
         if latest.fabric_state == FABRIC_STATE_COMPLETED:
             if latest.fabric_status not in (None, _SUCCESS):
                 findings.append(_failed(latest))
@@ -65,6 +87,48 @@ def run(history: History, now: float, config: FabricConfig) -> CheckOutput:
         if now - since >= config.registration_timeout:
             findings.append(_unregistered(latest, now - since))
     return CheckOutput(findings=tuple(findings))
+
+
+def _health(sample: GpuSample) -> list[Finding]:
+    """The health mask's verdicts: one warning for what slows the fabric, one
+    critical finding for what leaves the GPU without a usable fabric."""
+    mask = sample.fabric_health_mask
+    if mask is None:
+        return []
+    slowed = [name for name in _DEGRADING if fabric_health_field(mask, name) == FABRIC_HEALTH_TRUE]
+    broken = [name for name in _UNHEALTHY if fabric_health_field(mask, name) == FABRIC_HEALTH_TRUE]
+    configuration = fabric_health_field(mask, "incorrect_configuration")
+    if configuration > FABRIC_CONFIGURATION_CORRECT:
+        wrong = FABRIC_INCORRECT_CONFIGURATIONS.get(configuration, str(configuration))
+        broken.append(f"incorrect_configuration ({wrong})")
+    findings = []
+    if broken:
+        findings.append(
+            _health_finding(sample, "fabric_unhealthy", Severity.CRITICAL, broken, mask)
+        )
+    if slowed:
+        findings.append(_health_finding(sample, "fabric_degraded", Severity.WARN, slowed, mask))
+    return findings
+
+
+def _health_finding(
+    sample: GpuSample, code: str, severity: Severity, conditions: list[str], mask: int
+) -> Finding:
+    what = ", ".join(conditions)
+    consequence = (
+        "jobs spanning the NVLink fabric cannot rely on it; check the fabric manager's log"
+        if severity is Severity.CRITICAL
+        else "NVLink traffic flows, slower"
+    )
+    return Finding(
+        subject=gpu_subject(sample.index),
+        check=NAME,
+        code=code,
+        severity=severity,
+        message=f"the NVSwitch fabric reports {what} for the GPU: {consequence}",
+        action=Action.INSPECT_HARDWARE,
+        evidence={"conditions": ",".join(conditions), "health_mask": mask},
+    )
 
 
 def _pending_since(samples: Sequence[tuple[float, GpuSample]]) -> float:

@@ -1,8 +1,10 @@
 """Recovery check: what the driver itself says a GPU needs.
 
 Reads, from each GPU's latest sample, the driver's recovery action
-(`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, R570 and later; XID 154 announces each
-change of it) and whether any call answered `NVML_ERROR_RESET_REQUIRED`. Both
+(`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, R565 and later; XID 154 announces each
+change of it; on R560 the source reads its reset and drain-and-reset status
+fields as `gpu_reset` and `drain_and_reset`) and whether any call answered
+`NVML_ERROR_RESET_REQUIRED`. Both
 are state the driver holds and the source reads every poll, so a daemon that
 restarts finds them again: nothing here is remembered.
 

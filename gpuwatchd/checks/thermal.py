@@ -2,10 +2,11 @@
 
 Reads each GPU's cumulative violation (throttle) time, which integrates every
 short slowdown between polls, including the driver's HW thermal and power
-brake slowdown counters where its branch has them (R575 on); its clocks-event
-reason bits (HW slowdown's only signal on older drivers, and the only one of
-its fast-trigger cause on any); its GPU and HBM temperatures and the driver's
-thresholds for them. Sustained thermal throttling and thin headroom are
+brake slowdown counters where its branch has them (R575 on) and they behave
+as counters (the source leaves out an id that answers something else); its
+clocks-event reason bits (HW slowdown's only signal on older drivers, and the
+only one of its fast-trigger cause on any); its GPU and HBM temperatures and
+the driver's thresholds for them. Sustained thermal throttling and thin headroom are
 warnings; HW slowdown or power brake on a cool GPU means a board, power or
 sensor fault and is critical.
 """

@@ -21,7 +21,9 @@ from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
     ECC_TYPES,
+    FABRIC_HEALTH_FIELDS,
     FABRIC_STATE_COMPLETED,
+    FABRIC_STATE_NOT_SUPPORTED,
     FABRIC_STATES,
     GPU_RECOVERY_ACTIONS,
     NVLINK_BER_TYPES,
@@ -138,6 +140,21 @@ _SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
         "gpuwatchd_gpu_fabric_status",
         "NVML return code of the GPU's completed fabric registration (0: success).",
         lambda g: g.fabric_status if g.fabric_state == FABRIC_STATE_COMPLETED else None,
+        "",
+    ),
+    (
+        "gpuwatchd_gpu_fabric_health_mask",
+        "The NVSwitch fabric's health mask for the GPU, as NVML reports it: one field per "
+        "condition ("
+        + ", ".join(f"{name} at bit {shift}" for name, (shift, _) in FABRIC_HEALTH_FIELDS.items())
+        + "); a 2-bit field reads 0 not supported, 1 true, 2 false, the 4-bit "
+        "configuration 0 not supported, 1 correct, 2-8 what is wrong (nvml.h "
+        "NVML_GPU_FABRIC_HEALTH_MASK_*).",
+        lambda g: (
+            g.fabric_health_mask
+            if g.fabric_state not in (None, FABRIC_STATE_NOT_SUPPORTED)
+            else None
+        ),
         "",
     ),
     (

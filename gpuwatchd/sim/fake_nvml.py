@@ -32,7 +32,10 @@ Per generation, as HARDWARE-NOTES.md describes:
   compiler warning from 13.1, with removal announced for CUDA 14.0. The
   perf-policy field values answer on every driver too.
 - The clocks-event counter fields answer under the ids of the driver's branch,
-  and the ids of the other branches name power smoothing fields (`_COUNTERS`).
+  and the ids of the other branches name power smoothing fields (`_COUNTERS`);
+  `field_numbering` makes a driver number them as another branch does (an
+  R580 numbered as R590, as NVML's change log has it).
+- A field id past the branch's NVML_FI_MAX answers INVALID_ARGUMENT.
 - Clocks locked by an operator show as they do on a real GPU: the current
   clock held at the lock, the maximum and application clocks unchanged and no
   clocks-event reason bit (NVML has only setters for locked clocks).
@@ -42,13 +45,16 @@ Per generation, as HARDWARE-NOTES.md describes:
 - The PCIe link answers its current and maximum generation and width and its
   replay counter on every GPU (nvml.h: Fermi/Kepler on).
 - Hopper and newer GPUs report their NVSwitch fabric registration (state and
-  status) through nvmlDeviceGetGpuFabricInfo and its versioned V call; older
-  GPUs answer NotSupported.
+  status) through nvmlDeviceGetGpuFabricInfo and its versioned V call, the V
+  call with the health mask fields the branch has; older GPUs answer
+  NotSupported.
+- nvmlDeviceGetArchitecture answers each GPU's NVML_DEVICE_ARCH_*.
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
 - A lost GPU answers GPU_IS_LOST, a GPU that needs a reset RESET_REQUIRED, to
   every device call; a field-value batch still answers SUCCESS and carries the
-  error in each field (nvml.h). The recovery action field answers from R570.
+  error in each field (nvml.h). The recovery action field answers from R565,
+  the reset and drain-and-reset status fields from R560.
 - The event wait answers GPU_IS_LOST while a registered GPU is lost.
 - `hang(function, gpu)` makes a device call block until released, as calls
   into a driver in trouble do: nvidia-smi stuck in uninterruptible sleep after
@@ -82,7 +88,16 @@ from typing import Any
 
 import pynvml
 
+from gpuwatchd.model import (
+    FABRIC_CONFIGURATION_CORRECT,
+    FABRIC_HEALTH_FALSE,
+    FABRIC_HEALTH_FIELDS,
+    FABRIC_STATE_NOT_SUPPORTED,
+    GPU_RECOVERY_ACTIONS,
+    fabric_health_field,
+)
 from gpuwatchd.sim.gpu import GpuState, SimulatedGpu, SimulatedGpus, XidRecord
+from gpuwatchd.sources.nvml import field_id_limit
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +129,46 @@ _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 _ULL_TYPE: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UINT_TYPE: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _RECOVERY_ACTION_FIELD: int = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-# The first driver branch whose NVML has the recovery action field (nvml.h of
-# NVML 12.8, the R570 branch; absent from 12.6).
-RECOVERY_ACTION_BRANCH = 570
+# R560's reset verdicts (nvml.h 12.6, fields 226 and 227: "GPU reset status",
+# "GPU drain and reset status"), by the recovery actions each says yes to.
+_RESET_STATUS_FIELDS: dict[int, frozenset[str]] = {
+    pynvml.NVML_FI_DEV_RESET_STATUS: frozenset({"gpu_reset"}),
+    pynvml.NVML_FI_DEV_DRAIN_AND_RESET_STATUS: frozenset({"drain_and_reset"}),
+}
+# What each branch's fabric health mask reports, and what a healthy GPU
+# registered with the fabric reads in each field (nvml.h: degraded bandwidth
+# from 12.4 = R550; route recovery, route unhealthy and access timeout
+# recovery from 12.8 = R570, "Added 3 new flags to GPU Fabric Health Mask" in
+# NVML's change log; incorrect configuration from 13.0 = R580).
+_FABRIC_HEALTH: tuple[tuple[int, dict[str, int]], ...] = (
+    (550, {"degraded_bandwidth": FABRIC_HEALTH_FALSE}),
+    (
+        570,
+        {
+            "degraded_bandwidth": FABRIC_HEALTH_FALSE,
+            "route_recovery": FABRIC_HEALTH_FALSE,
+            "route_unhealthy": FABRIC_HEALTH_FALSE,
+            "access_timeout_recovery": FABRIC_HEALTH_FALSE,
+        },
+    ),
+    (
+        580,
+        {
+            "degraded_bandwidth": FABRIC_HEALTH_FALSE,
+            "route_recovery": FABRIC_HEALTH_FALSE,
+            "route_unhealthy": FABRIC_HEALTH_FALSE,
+            "access_timeout_recovery": FABRIC_HEALTH_FALSE,
+            "incorrect_configuration": FABRIC_CONFIGURATION_CORRECT,
+        },
+    ),
+)
+# nvmlDeviceGetArchitecture's answer by simulated generation (nvml.h NVML_DEVICE_ARCH_*).
+_ARCHITECTURES = {
+    "volta": pynvml.NVML_DEVICE_ARCH_VOLTA,
+    "ampere": pynvml.NVML_DEVICE_ARCH_AMPERE,
+    "hopper": pynvml.NVML_DEVICE_ARCH_HOPPER,
+    "blackwell": pynvml.NVML_DEVICE_ARCH_BLACKWELL,
+}
 # Calls whose first argument after the device handle is an NVLink.
 _LINK_CALLS = frozenset({"nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"})
 _SINT_TYPE: int = pynvml.NVML_VALUE_TYPE_SIGNED_INT
@@ -348,12 +400,18 @@ class FakeNvml:
         model: SimulatedGpus,
         driver_version: str = DEFAULT_DRIVER_VERSION,
         max_wait_s: float | None = None,
+        field_numbering: int | None = None,
     ) -> None:
         """`max_wait_s` caps how long `nvmlEventSetWait_v2` blocks in real time
-        (a fast-forwarded simulation or a test need not wait the full timeout)."""
+        (a fast-forwarded simulation or a test need not wait the full timeout).
+        `field_numbering`: the branch whose clocks-event counter and power
+        smoothing ids the library answers, where they are not its own branch's
+        header's: an R580 numbered as R590 is, as NVML's change log tells it
+        (v575 to v580, the power smoothing ids back at their R570 values)."""
         self._model = model
         self.driver_version = driver_version
         self.max_wait_s = max_wait_s
+        self.field_numbering = field_numbering
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
         self._field_errors: dict[tuple[int, int | None, int | None], int] = {}
@@ -558,6 +616,7 @@ class FakeNvml:
                 name: _Export((_P, *argtypes), answer, device=True)
                 for name, argtypes, answer in (
                     ("nvmlDeviceGetName", (_P, _U), self._name),
+                    ("nvmlDeviceGetArchitecture", (_P,), self._architecture),
                     ("nvmlDeviceGetUUID", (_P, _U), self._uuid),
                     ("nvmlDeviceGetPciInfo_v3", (_P,), self._pci_info),
                     ("nvmlDeviceGetTemperatureV", (_P,), self._temperature_v),
@@ -643,6 +702,9 @@ class FakeNvml:
 
     def _name(self, gpu: int, buffer: int | None, size: int) -> int:
         return _write_string(buffer, size, self._gpu(gpu).spec.name)
+
+    def _architecture(self, gpu: int, value: int | None) -> int:
+        return _put(ctypes.c_uint, value, _ARCHITECTURES[self._gpu(gpu).spec.architecture])
 
     def _uuid(self, gpu: int, buffer: int | None, size: int) -> int:
         return _write_string(buffer, size, self._gpu(gpu).uuid)
@@ -833,7 +895,23 @@ class FakeNvml:
         if struct.version != pynvml.nvmlGpuFabricInfo_v2:
             return _ARGUMENT_VERSION_MISMATCH
         struct.state, struct.status = fabric
+        struct.healthMask = self._health_mask(gpu, fabric[0])
         return _SUCCESS
+
+    def _health_mask(self, gpu: int, state: int) -> int:
+        """The fields the driver's branch reports, each as a healthy GPU reads
+        it unless a `fabric_health` fault sets it; 0 (every field "not
+        supported") on a GPU with no fabric to join. What a healthy board
+        reads is assumed: no capture shows one."""
+        tables = [fields for first, fields in _FABRIC_HEALTH if self._branch() >= first]
+        if state == FABRIC_STATE_NOT_SUPPORTED or not tables:
+            return 0
+        faulty = self._state(gpu).fabric_health
+        mask = 0
+        for name, healthy in tables[-1].items():
+            value = fabric_health_field(faulty, name) or healthy
+            mask |= value << FABRIC_HEALTH_FIELDS[name][0]
+        return mask
 
     def _utilization(self, gpu: int, address: int) -> int:
         state = self._state(gpu)
@@ -1018,7 +1096,7 @@ class FakeNvml:
         links = self._state(gpu).links
         if self._gpu(gpu).spec.architecture != "hopper":
             return _NOT_SUPPORTED
-        if _driver_branch(self.driver_version) < SCOPED_DL_FIELDS_BRANCH:
+        if self._branch() < SCOPED_DL_FIELDS_BRANCH:
             return _ULL_TYPE, sum(link.counters[kind] for link in links)
         if scope >= len(links):
             return _INVALID_ARGUMENT
@@ -1057,16 +1135,21 @@ class FakeNvml:
     def _field(self, gpu: int, field_id: int, scope: int) -> tuple[int, int] | int:
         """(value type, value) of one field, or the NVML error it answers."""
         state = self._state(gpu)
+        # Assumed: a field id past those the branch's NVML defines answers
+        # INVALID_ARGUMENT, as the NVLink5 fields do on GPUs without them
+        # (DataDog's collector).
+        limit = field_id_limit(self._branch())
+        if limit is not None and field_id >= limit:
+            return _INVALID_ARGUMENT
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, state.memory_temperature_celsius
         if field_id in _PERF_POLICY_FIELDS:
             return _ULL_TYPE, state.violation_ns[_PERF_POLICY_FIELDS[field_id]]
         if field_id == _RECOVERY_ACTION_FIELD:
-            # Assumed: a driver older than the field answers it NOT_SUPPORTED,
-            # as it does every field id it does not know.
-            if _driver_branch(self.driver_version) < RECOVERY_ACTION_BRANCH:
-                return _NOT_SUPPORTED
             return _UINT_TYPE, state.recovery_action
+        if field_id in _RESET_STATUS_FIELDS:
+            action = GPU_RECOVERY_ACTIONS.get(state.recovery_action, "")
+            return _UINT_TYPE, int(action in _RESET_STATUS_FIELDS[field_id])
         branch_answer = self._branch_field(gpu, field_id)
         if branch_answer is not None:
             return branch_answer
@@ -1076,20 +1159,23 @@ class FakeNvml:
         link_answer = self._link_field(gpu, field_id, scope)
         return _NOT_SUPPORTED if link_answer is None else link_answer
 
+    def _branch(self) -> int:
+        return _driver_branch(self.driver_version)
+
     def _branch_field(self, gpu: int, field_id: int) -> tuple[int, int] | None:
-        """A counter or power smoothing field, as the driver's branch numbers them."""
-        branch = _driver_branch(self.driver_version)
+        """A counter or power smoothing field, as the library numbers them."""
+        branch = self.field_numbering or self._branch()
         tables = [table for table in _COUNTERS if branch >= table[0]]
         if not tables:
             return None
         _, counters, power_smoothing = tables[-1]
         if field_id in counters:
             return _ULL_TYPE, self._state(gpu).violation_ns[counters[field_id]]
-        # Power smoothing is a Blackwell feature; the value stands for any of
-        # its settings (enabled, privilege level, a profile number): small
-        # numbers, nothing like a nanosecond counter.
+        # Power smoothing is a Blackwell feature. Its settings are small
+        # numbers, nothing like a nanosecond counter: the block's first field
+        # (ENABLED) and the others read 1, its second (PRIV_LVL) 0 (assumed).
         if field_id in power_smoothing and self._gpu(gpu).spec.at_least("blackwell"):
-            return _UINT_TYPE, 1
+            return _UINT_TYPE, int(list(power_smoothing).index(field_id) != 1)
         return None
 
     # -- events ----------------------------------------------------------------

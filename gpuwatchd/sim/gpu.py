@@ -367,6 +367,9 @@ class GpuState:
     # (nvmlGpuFabricState_t, status): registered (COMPLETED, SUCCESS) on a
     # node with NVLinks, NOT_SUPPORTED on one without.
     fabric: tuple[int, int]
+    # The fabric health mask's fields a `fabric_health` fault sets (as nvml.h
+    # packs them, FABRIC_HEALTH_FIELDS); 0: none, every field reads healthy.
+    fabric_health: int
     utilization_gpu_percent: int
     utilization_memory_percent: int
     clocks_event_reasons: int
@@ -669,6 +672,14 @@ class _GpuModel:
                 return FABRIC_STATE_COMPLETED, fault.code
         return FABRIC_STATE_COMPLETED, _SUCCESS
 
+    def _fabric_health(self, t: float) -> int:
+        """The health mask fields the active `fabric_health` faults set."""
+        mask = 0
+        for fault in self._of("fabric_health"):
+            if fault.active(t):
+                mask |= fault.mask or 0
+        return mask
+
     def _memory_used_bytes(self, t: float) -> int:
         spec = self.gpu.spec
         available = spec.memory_total_bytes - spec.memory_reserved_bytes
@@ -694,6 +705,7 @@ class _GpuModel:
             pcie_width=width,
             pcie_replays=_grown(self._of("pcie_replay_storm"), t),
             fabric=self._fabric(t),
+            fabric_health=self._fabric_health(t),
             utilization_gpu_percent=0 if idle else background.utilization_at(t),
             utilization_memory_percent=0 if idle else background.memory_utilization_at(t),
             clocks_event_reasons=point.reasons,
@@ -859,6 +871,7 @@ _GPU_FAULT_KINDS = frozenset(
         "pcie_downtrained",
         "pcie_replay_storm",
         "fabric_unregistered",
+        "fabric_health",
     }
 )
 

@@ -38,6 +38,7 @@ import pynvml
 
 from gpuwatchd import capture
 from gpuwatchd.sim.fake_nvml import (
+    _ARCHITECTURES,
     _ECC_SCOPES,
     _ECC_TYPES,
     _ERROR_COUNTERS,
@@ -61,6 +62,7 @@ _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 # process; a batch of field values, whose fields are refused one by one):
 # their refusals are replayed for every argument, and they are not asked back.
 _WHOLE_CALLS = frozenset({"nvmlDeviceRegisterEvents", "nvmlDeviceGetFieldValues"})
+_ARCHITECTURE_NAMES = {code: name for name, code in _ARCHITECTURES.items()}
 
 
 class CapturedFabric:
@@ -95,7 +97,12 @@ class CapturedFabric:
 
 
 def _architecture(gpu: Mapping[str, Any]) -> str:
-    """The generation a GPU's answers show, for a model the simulator does not know."""
+    """The generation a GPU's answers show, for a model the simulator does not
+    know: its nvmlDeviceGetArchitecture where the capture has it, else what
+    its NVLink and memory calls answered."""
+    captured = capture.first_value(gpu, "nvmlDeviceGetArchitecture")
+    if captured in _ARCHITECTURE_NAMES:
+        return _ARCHITECTURE_NAMES[captured]
 
     def answers(fields: Mapping[int, str]) -> bool:
         return any(

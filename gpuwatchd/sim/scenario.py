@@ -102,6 +102,12 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # A GPU the NVSwitch fabric manager has not registered: not started, or
     # completed with the NVML error `code` (NOT_READY, ...).
     "fabric_unregistered": (frozenset({"gpu"}), frozenset({"code"})),
+    # The fabric's health mask on a GPU: `mask` sets fields of
+    # nvmlGpuFabricInfo_v2_t.healthMask as nvml.h packs them (0x1 degraded
+    # bandwidth, 0x4 route recovery, 0x10 route unhealthy, 0x40 access timeout
+    # recovery, 0x500 incorrect configuration: insufficient NVLinks); the
+    # fields it leaves 0 read healthy.
+    "fabric_health": (frozenset({"gpu", "mask"}), frozenset()),
     # PCIe AER errors of one GPU's or one HCA's function: `count` at `at`
     # (1 without it), or `rate` while the fault lasts.
     "aer_errors": (frozenset({"severity"}), frozenset({"gpu", "hca", "count", "rate"})),
@@ -209,6 +215,7 @@ class Fault:
     setting: str | None = None  # config_drift: one of CONFIG_SETTINGS
     value: str | None = None  # config_drift: what the setting reads (text)
     bank: int | None = None  # row_remap_exhausted: the memory bank
+    mask: int | None = None  # fabric_health: the health mask's fields it sets
 
     def active(self, t: float) -> bool:
         return self.at <= t < self.until
@@ -378,6 +385,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         setting=_require_text(raw["setting"], "setting", label) if "setting" in raw else None,
         value=str(raw["value"]) if "value" in raw else None,
         bank=_require_int(raw["bank"], "bank", label) if "bank" in raw else None,
+        mask=_require_int(raw["mask"], "mask", label) if "mask" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -441,6 +449,11 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: ago must be more than 0s and under 50m, got {fault.ago:g}s")
     if fault.bank is not None and not 0 <= fault.bank < 65536:
         raise ScenarioError(f"{label}: bank must be a memory bank's number, got {fault.bank}")
+    if fault.mask is not None and not 0 < fault.mask < 0x1000:
+        raise ScenarioError(
+            f"{label}: mask must set fields of the fabric health mask (bits 0-11), "
+            f"got {fault.mask:#x}"
+        )
     if fault.mhz is not None and not 0 < fault.mhz < 10000:
         raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:

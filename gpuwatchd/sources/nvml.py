@@ -13,9 +13,10 @@ A value the GPU or driver does not provide (NotSupported, FunctionNotFound,
 NoPermission, NoData, Deprecated, a field value's own error) is absent, never
 0, and logged once per (GPU, value). A refusal that cannot change while the
 process runs (the driver or the binding lacks the function, a struct version
-mismatch, Deprecated) is not asked again; NotSupported is asked again every
-REASK_REFUSED_S, since it can be a mode rather than the hardware (row
-remapping and utilisation are refused while MIG instances exist); NoPermission
+mismatch, Deprecated, InvalidArgument for a field id past those the driver's
+NVML defines: `FIELD_ID_LIMITS`) is not asked again; NotSupported is asked
+again every REASK_REFUSED_S, since it can be a mode rather than the hardware
+(row remapping and utilisation are refused while MIG instances exist); NoPermission
 and NoData are asked every poll. A name the installed nvidia-ml-py lacks
 counts as FunctionNotFound. Only the driver's own word makes a GPU lost:
 GPU_IS_LOST ("the GPU has fallen off the bus", nvml.h), or a handle or every
@@ -28,21 +29,31 @@ them (`GpuSample.no_permission`, a configuration error): asked again next
 poll. A call that answers RESET_REQUIRED marks the GPU as needing a reset
 (`GpuSample.reset_required`): a state to judge, not a value to leave out.
 
-Per generation (see HARDWARE-NOTES.md), NVLink counters come from the first
-of these that answers on any link: NVLink5's `NVML_FI_DEV_NVLINK_COUNT_*`
-fields (Blackwell: effective errors after FEC, recovery events and failures,
-malformed packets, link integrity errors, and the effective and symbol BER),
-under their own names; `nvmlDeviceGetNvLinkErrorCounter` (Pascal to Hopper,
-as nvidia-smi, DCGM and gpud read it); and, only on drivers from R575 on, whose
-nvml.h documents the link as their scope, Hopper's scoped
-`NVML_FI_DEV_NVLINK_ERROR_DL_*` fields. A refusal is the link's own; a link
+The driver's verdict on what a GPU needs is its recovery action field (R565
+on), or on R560 its reset and drain-and-reset status fields, read as the
+actions `gpu_reset` and `drain_and_reset`; older branches have neither.
+
+Per generation (see HARDWARE-NOTES.md), by the GPU's architecture
+(`nvmlDeviceGetArchitecture`, read once), NVLink counters come from
+NVLink5's `NVML_FI_DEV_NVLINK_COUNT_*` fields on Blackwell and newer
+(effective errors after FEC, recovery events and failures, malformed packets,
+link integrity errors, and the effective and symbol BER), under their own
+names; on Hopper and older from `nvmlDeviceGetNvLinkErrorCounter` (as
+nvidia-smi, DCGM and gpud read it) or, where it does not answer and only on
+drivers from R575 on, whose nvml.h documents the link as their scope,
+Hopper's scoped `NVML_FI_DEV_NVLINK_ERROR_DL_*` fields. Where the
+architecture is not known, the first of all three that answers on any link
+is read. A refusal is the link's own; a link
 discovery or counter probe that gets neither an answer nor "not here" (a
 Timeout, say) is done again at the next poll, and a GPU where no interface
 answers is probed again every `LINK_REPROBE_POLLS` polls.
 Throttle time comes from `nvmlDeviceGetViolationStatus` (R580 still answers
 it; removal is announced for CUDA 14), or from its field-value replacements
 where a driver refuses it; the HW thermal and power-brake slowdown counters
-are field values whose ids depend on the driver's branch (`counter_ids`).
+are field values whose ids depend on the driver's branch (`counter_ids`). A
+value at a counter id that does not behave as a counter of nanoseconds (it
+reads 1 poll after poll, or does not grow while its reason bit is set) is
+left absent for good and said once (`_check_counters`).
 Temperature thresholds come from `nvmlDeviceGetTemperatureThreshold`, or from
 the T.Limit fields and the margin temperature where a driver refuses it.
 
@@ -83,6 +94,8 @@ import pynvml
 
 from gpuwatchd.clock import Clock
 from gpuwatchd.model import (
+    CLOCKS_EVENT_REASONS,
+    GPU_RECOVERY_ACTIONS,
     NVML_SOURCE,
     ROW_REMAPPER_BUCKETS,
     THROTTLE_REASONS,
@@ -116,6 +129,7 @@ _RESET_REQUIRED: int = pynvml.NVML_ERROR_RESET_REQUIRED
 _NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
 _FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 _NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+_INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _SUCCESS: int = pynvml.NVML_SUCCESS
 # Codes meaning "this GPU or driver does not provide the value" (absent, not
 # an error). The permanent ones cannot change while the process runs: the
@@ -187,6 +201,37 @@ def _driver_branch(version: str | None) -> int:
         return int((version or "").split(".", 1)[0])
     except ValueError:
         return 0
+
+
+# (first branch, one more than the largest field id its NVML defines): the
+# NVML_FI_MAX of the nvml.h its CUDA release ships (NVIDIA/go-nvml
+# gen/nvml/nvml.h at the commit named). A field id at or past it is not in the
+# loaded library, and cannot be while the driver stays loaded. R565 had no
+# public header: NVML's change log (v560 to v565) adds field 230 to it, so 231
+# is what is known of it. A branch newer than the table gets the last row's
+# limit, which is then a lower bound.
+FIELD_ID_LIMITS = (
+    (525, 170),  # CUDA 12.0, 399f8e0
+    (530, 173),  # 12.1, 9fc23a0
+    (535, 197),  # 12.2, 075f45f (12.3 = R545, b57740a, the same)
+    (550, 200),  # 12.4, f7ceebd
+    (555, 223),  # 12.5, 5f61a8a
+    (560, 230),  # 12.6, 7ec3ff8
+    (565, 231),  # no header; the change log's field 230
+    (570, 269),  # 12.8, f420a32
+    (575, 274),  # 12.9, 62ce1e3 (13.0 = R580, 9da9e13, the same)
+    (590, 289),  # 13.1, 2a1f6c3
+)
+
+
+def field_id_limit(driver_branch: int) -> int | None:
+    """One past the largest field id the branch's NVML defines; None for a
+    branch older than the table or unknown (0), of which nothing is claimed."""
+    limit = None
+    for first_branch, branch_limit in FIELD_ID_LIMITS:
+        if driver_branch >= first_branch:
+            limit = branch_limit
+    return limit
 
 
 @dataclass(frozen=True)
@@ -338,6 +383,13 @@ _COUNTER_NAMES = {
 # - 12.9 (R575) and 13.0 (R580): 251, 252, 253; 269-271 are power smoothing
 #   fields (ACTIVE_PRESET_PROFILE, ADMIN_OVERRIDE_PERCENT_TMP_FLOOR, _RAMP_UP_RATE).
 # - 13.1 (R590) to 13.3: 269, 270, 271; 251-253 are power smoothing again.
+# NVML's change log says otherwise of R580 ("v575 to v580: Fixed bug with
+# NVML_FI_PWR_SMOOTHING_* field value numbering, which was different than the
+# v570 values. Adjusted NVML_FI_DEV_CLOCKS_EVENT_REASON_* ... numbering"),
+# which would put R580's counters at 269-271 as in 13.1. Until a capture of
+# an R580 node settles it, the 13.0 header's ids are read and the values are
+# checked by behaviour (`_check_counters`): a power smoothing setting read
+# there is left absent, never taken for slowdown time.
 _COUNTER_IDS = (
     _CounterIds(575, {"thermal": 251, "hw_thermal_slowdown": 252, "hw_power_brake_slowdown": 253}),
     _CounterIds(590, {"thermal": 269, "hw_thermal_slowdown": 270, "hw_power_brake_slowdown": 271}),
@@ -346,6 +398,28 @@ _COUNTER_IDS = (
 
 # THROTTLE_REASONS that only the counters give (no perf policy counts them).
 _COUNTED_ONLY = tuple(reason for reason in THROTTLE_REASONS if reason not in _THROTTLE)
+# The clocks-event reason bit each counter integrates (nvml.h names each
+# counter after its nvmlClocksEventReason*).
+_COUNTER_REASON_BITS = {
+    "thermal": CLOCKS_EVENT_REASONS["sw_thermal_slowdown"],
+    "hw_thermal_slowdown": CLOCKS_EVENT_REASONS["hw_thermal_slowdown"],
+    "hw_power_brake_slowdown": CLOCKS_EVENT_REASONS["hw_power_brake_slowdown"],
+}
+# A value at a counter id that reads exactly 1 this many polls in a row, or
+# does not grow over this many poll intervals that began and ended with its
+# reason bit set, is no counter. A power smoothing setting (enabled, privilege
+# level: nvml.h 12.8 and 13.1 put them at 251-253) reads 0 or 1; a slowdown
+# counter integrates nanoseconds (nvml.h: "in ns"), so exactly 1 ns is no
+# reading of it, and it must grow while its slowdown holds. Two of each leave
+# a poll's chance coincidence (a bit set as a brief event ends) aside. A 0
+# alone proves nothing: a healthy board's HW slowdown counters stay 0.
+_COUNTER_ONES = 2
+_COUNTER_STUCK_INTERVALS = 2
+# A value that grew by a microsecond or more is trusted as a counter: the
+# settings that share the ids are small numbers (enabled, a privilege level),
+# a counted slowdown grows by far more. A smaller growth only waits for a
+# larger one; it makes no counter stuck either.
+_COUNTER_TRUSTED_GROWTH_NS = 1000
 
 
 def counter_ids(driver_version: str | None) -> Mapping[str, int]:
@@ -387,7 +461,7 @@ class _LinkCounters:
     `ber_fields`: NVLINK_BER_TYPES -> field-value name of an encoded BER, likewise;
     `counters`: NVLINK_ERROR_TYPES -> counter of nvmlDeviceGetNvLinkErrorCounter;
     `min_driver_branch`: the first driver branch whose nvml.h documents the
-    interface as it is read here.
+    interface as it is read here; `nvlink5`: NVLink5's (Blackwell and newer).
     """
 
     name: str
@@ -395,6 +469,7 @@ class _LinkCounters:
     ber_fields: Mapping[str, str] = field(default_factory=dict)
     counters: Mapping[str, int] = field(default_factory=dict)
     min_driver_branch: int = 0
+    nvlink5: bool = False
 
     def keeping(self, kinds: set[str]) -> _LinkCounters:
         """This interface with only the kinds the GPU answered."""
@@ -406,7 +481,8 @@ class _LinkCounters:
         )
 
 
-# Probed in this order; the first that answers on any link is read on all.
+# Those of the GPU's generation (`_interfaces`) are probed in this order; the
+# first that answers on any link is read on all.
 _LINK_COUNTER_INTERFACES = (
     # NVLink5 (Blackwell). Its counters mean other things than NVLink 2-4's and
     # keep their own names: effective errors are those FEC did not correct.
@@ -425,6 +501,7 @@ _LINK_COUNTER_INTERFACES = (
             "effective": "NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER",
             "symbol": "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER",
         },
+        nvlink5=True,
     ),
     # Pascal to Hopper: what nvidia-smi, DCGM (DcgmCacheManager.cpp, links 0-17),
     # gpud (components/accelerator/nvidia/nvlink) and DataDog read per link.
@@ -454,6 +531,22 @@ _LINK_COUNTER_INTERFACES = (
     ),
 )
 _NO_LINK_COUNTERS = _LinkCounters("none")
+# nvmlDeviceArchitecture_t (nvml.h NVML_DEVICE_ARCH_*: Hopper 9, Blackwell 10,
+# Rubin 13, UNKNOWN "anything else, presumably something newer").
+_ARCH_BLACKWELL: int = pynvml.NVML_DEVICE_ARCH_BLACKWELL
+_ARCH_UNKNOWN: int = pynvml.NVML_DEVICE_ARCH_UNKNOWN
+
+
+def _interfaces(architecture: int | None) -> tuple[_LinkCounters, ...]:
+    """The counter interfaces of the GPU's generation: NVLink5's COUNT fields
+    from Blackwell on (nvml.h documents them "in NVLink5"; NVML's change log,
+    v560 to v565, removes the error-counter call and the DL fields on
+    Blackwell), the error-counter call and Hopper's DL fields before; all of
+    them, in order, where the architecture is not known."""
+    if architecture is None or architecture == _ARCH_UNKNOWN:
+        return _LINK_COUNTER_INTERFACES
+    nvlink5 = architecture >= _ARCH_BLACKWELL
+    return tuple(i for i in _LINK_COUNTER_INTERFACES if i.nvlink5 == nvlink5)
 
 
 class _Availability:
@@ -469,8 +562,8 @@ class _Availability:
         # (GPU, value, call) -> when to ask again (infinity: never).
         self._refused: dict[tuple[int, str, str], float] = {}
         self._logged: set[tuple[int, str, str]] = set()
-        # (source, code, then) -> value -> GPUs, not logged yet
-        self._unlogged: dict[tuple[str, int, str], dict[str, list[int]]] = {}
+        # (level, source, why, then) -> value -> GPUs, not logged yet
+        self._unlogged: dict[tuple[int, str, str, str], dict[str, list[int]]] = {}
 
     def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
         with self._lock:
@@ -486,17 +579,44 @@ class _Availability:
         if back:
             log.info("GPU %d: %s is read by %s again", gpu, subject, source)
 
-    def note(self, gpu: int, subject: str, source: str, code: int, then: str, now: float) -> None:
-        key = (gpu, subject, source)
+    def note(
+        self,
+        gpu: int,
+        subject: str,
+        source: str,
+        code: int,
+        then: str,
+        now: float,
+        permanent: bool = False,
+    ) -> None:
+        """`permanent`: the refusal cannot change while the driver stays
+        loaded, whatever its code says."""
+        if permanent or code in _PERMANENT_REFUSALS:
+            until = math.inf
+        elif code == _NOT_SUPPORTED:
+            until = now + REASK_REFUSED_S
+        else:
+            until = -math.inf
+        expected = permanent or code in _REFUSALS
+        level = logging.INFO if expected else logging.WARNING
+        self._remember((gpu, subject, source), until, level, _error_text(code), then)
+
+    def distrust(self, gpu: int, subject: str, source: str, why: str, then: str) -> None:
+        """A value that answers but cannot be what it is read as: never asked
+        again (it cannot change while the driver stays loaded), said once."""
+        self._remember((gpu, subject, source), math.inf, logging.WARNING, why, then)
+
+    def _remember(
+        self, key: tuple[int, str, str], until: float, level: int, why: str, then: str
+    ) -> None:
+        gpu, subject, source = key
         with self._lock:
-            if code in _PERMANENT_REFUSALS:
-                self._refused[key] = math.inf
-            elif code == _NOT_SUPPORTED:
-                self._refused[key] = now + REASK_REFUSED_S
+            if until > -math.inf:
+                self._refused[key] = until
             if key in self._logged:
                 return
             self._logged.add(key)
-            unlogged = self._unlogged.setdefault((source, code, then), {})
+            unlogged = self._unlogged.setdefault((level, source, why, then), {})
             unlogged.setdefault(subject, []).append(gpu)
 
     def flush(self) -> None:
@@ -505,11 +625,10 @@ class _Availability:
         by_level: dict[int, list[str]] = {}
         with self._lock:
             unlogged, self._unlogged = self._unlogged, {}
-        for (source, code, then), values in unlogged.items():
-            level = logging.INFO if code in _REFUSALS else logging.WARNING
+        for (level, source, why, then), values in unlogged.items():
             for subject, gpus in values.items():
                 by_level.setdefault(level, []).append(
-                    f"{subject} on GPU {_ranges(gpus)} ({source}: {_error_text(code)}; {then})"
+                    f"{subject} on GPU {_ranges(gpus)} ({source}: {why}; {then})"
                 )
         for level, parts in sorted(by_level.items()):
             log.log(level, "values not read: %s", "; ".join(parts))
@@ -548,7 +667,10 @@ class _Gpu:
         self.identity: dict[str, str] = {}
         self.links: tuple[int, ...] | None = None
         self.links_settled = False
+        # nvmlDeviceGetArchitecture's answer (NVML_DEVICE_ARCH_*), once read.
+        self.architecture: int | None = None
         self.link_counters: _LinkCounters | None = None
+        self.counter_watches: dict[str, _CounterWatch] = {}
         self.polls_since_probe = 0
         self.xid_counts: Counter[int] = Counter()
         self.up = True
@@ -643,11 +765,20 @@ class _GpuRead:
     """One poll of one GPU: every call goes through `call`, every field value
     through `want` and one `fetch_fields` batch."""
 
-    def __init__(self, gpu: _Gpu, availability: _Availability, now: float) -> None:
+    def __init__(
+        self,
+        gpu: _Gpu,
+        availability: _Availability,
+        now: float,
+        field_id_limit: int | None = None,
+    ) -> None:
+        """`field_id_limit`: one past the largest field id the driver's NVML
+        defines (`field_id_limit()`), None where not known."""
         self.gpu = gpu
         self.index = gpu.index
         self.now = now
         self._availability = availability
+        self._field_id_limit = field_id_limit
         self._requests: list[_FieldRequest] = []
         self._unknown: list[tuple[str, str]] = []
         self.answered = False
@@ -719,14 +850,31 @@ class _GpuRead:
         answered = self.answered
         values = self.call("field values", "nvmlDeviceGetFieldValues", ids)
         self.answered = answered
-        for request, value in zip(self._requests, values or (), strict=False):
+        for request, (field_id, _), value in zip(self._requests, ids, values or (), strict=False):
             if value.nvmlReturn != _SUCCESS:
-                self._refused(request.subject, request.field_name, value.nvmlReturn, "left absent")
+                self._refused_field(request, field_id, value.nvmlReturn)
                 continue
             reader = _FIELD_VALUE_READERS.get(value.valueType)
             if reader is not None:
                 request.target[request.key] = request.convert(reader(value.value))
                 self._answered(request.subject, request.field_name)
+
+    def distrust(self, subject: str, source: str, why: str, then: str) -> None:
+        """A value that answered but is not what it is read as (see _Availability.distrust)."""
+        self._availability.distrust(self.index, subject, source, why, then)
+
+    def _refused_field(self, request: _FieldRequest, field_id: int, code: int) -> None:
+        """A field's own refusal. INVALID_ARGUMENT for an id past what the
+        driver's NVML defines is the library saying it has no such field:
+        remembered for the process, since the loaded driver does not change."""
+        limit = self._field_id_limit
+        if code == _INVALID_ARGUMENT and limit is not None and field_id >= limit:
+            then = f"not asked again: field {field_id} is past the {limit - 1} this driver defines"
+            self._availability.note(
+                self.index, request.subject, request.field_name, code, then, self.now, True
+            )
+            return
+        self._refused(request.subject, request.field_name, code, "left absent")
 
     def finish(self) -> None:
         """Raise _Unanswered when no call answered and some said Unknown; else
@@ -825,9 +973,10 @@ def _read_framebuffer(read: _GpuRead, sample: dict[str, Any]) -> None:
 
 def _read_fabric(read: _GpuRead, sample: dict[str, Any]) -> None:
     """The GPU's registration with the NVSwitch fabric: the versioned
-    nvmlDeviceGetGpuFabricInfoV (R550 on), or the unversioned call nvml.h
-    deprecates in 13.0 where a driver or binding lacks it. Pre-Hopper GPUs
-    answer NotSupported (nvml.h: "Hopper or newer")."""
+    nvmlDeviceGetGpuFabricInfoV (R550 on), with the fabric's health mask, or
+    the unversioned call nvml.h deprecates in 13.0 where a driver or binding
+    lacks it (no mask there). Pre-Hopper GPUs answer NotSupported (nvml.h:
+    "Hopper or newer")."""
     info = None
     versioned = _binding("c_nvmlGpuFabricInfoV_t")
     if versioned is not None:
@@ -842,6 +991,8 @@ def _read_fabric(read: _GpuRead, sample: dict[str, Any]) -> None:
             is None
         ):
             info = None
+        else:
+            sample["fabric_health_mask"] = int(info.healthMask)
     if info is None:
         info = pynvml.c_nvmlGpuFabricInfo_t()
         if read.call("fabric (v1)", "nvmlDeviceGetGpuFabricInfo", ctypes.byref(info)) is None:
@@ -857,27 +1008,36 @@ def _read_utilization(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample["utilization_memory_ratio"] = utilization.memory / 100
 
 
-def _read_throttle(read: _GpuRead, sample: dict[str, Any], counters: Mapping[str, int]) -> None:
+def _read_throttle(
+    read: _GpuRead, sample: dict[str, Any], counters: Mapping[str, int]
+) -> dict[str, str]:
     """Violation time per perf policy, and the HW slowdown counters where the
-    driver's branch has them (`counters`, from `counter_ids`)."""
+    driver's branch has them (`counters`, from `counter_ids`). Returns the
+    reasons asked of a counter id, with the field's name, for `_check_counters`."""
     seconds: dict[str, float] = {}
+    counted: dict[str, str] = {}
     for reason, (policy, field_name) in _THROTTLE.items():
         subject = f"throttle_seconds[{reason}]"
-        name, field_id = _counter_field(reason, counters) or (field_name, None)
+        counter = _counter_field(reason, counters)
+        name, field_id = counter or (field_name, None)
         violation = read.call(
             subject, "nvmlDeviceGetViolationStatus", policy, then=f"reading {name} instead"
         )
         if violation is not None:
             seconds[reason] = violation.violationTime * _NANO
-        else:
-            read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
+            continue
+        read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
+        if counter is not None:
+            counted[reason] = name
     for reason in _COUNTED_ONLY:
         counter = _counter_field(reason, counters)
         if counter is not None:
             name, field_id = counter
             subject = f"throttle_seconds[{reason}]"
             read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
+            counted[reason] = name
     sample["throttle_seconds"] = seconds
+    return counted
 
 
 def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int | None] | None:
@@ -886,6 +1046,67 @@ def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int |
     if field_id is None:
         return None
     return f"{_COUNTER_NAMES[reason]} ({field_id})", field_id
+
+
+@dataclass
+class _CounterWatch:
+    """What one clocks-event counter id has answered on one GPU: enough to
+    tell a cumulative nanosecond counter from another field at that id."""
+
+    last_ns: int | None = None
+    # Whether the counter's reason bit was set at the last read.
+    slowed: bool = False
+    # It grew by _COUNTER_TRUSTED_GROWTH_NS once: a counter, trusted from then on.
+    grown: bool = False
+    # Reads in a row of exactly 1, and poll intervals that began and ended
+    # with the reason bit set while the value did not grow.
+    ones: int = 0
+    stuck: int = 0
+
+    def verdict(self, ns: int, slowed: bool) -> str | None:
+        """Why the value cannot be a counter of slowdown time, or None."""
+        last = self.last_ns
+        self.last_ns, was_slowed, self.slowed = ns, self.slowed, slowed
+        if last is not None and ns - last >= _COUNTER_TRUSTED_GROWTH_NS:
+            self.grown = True
+        if self.grown:
+            return None
+        self.ones = self.ones + 1 if ns == 1 else 0
+        if last is not None and was_slowed and slowed and ns <= last:
+            self.stuck += 1
+        if self.ones >= _COUNTER_ONES:
+            return "reads 1 poll after poll, which no nanosecond counter does"
+        if self.stuck >= _COUNTER_STUCK_INTERVALS:
+            return (
+                f"did not grow over {self.stuck} poll intervals with its reason bit set, "
+                "which a counter of that slowdown must"
+            )
+        return None
+
+
+def _check_counters(read: _GpuRead, sample: dict[str, Any], counted: Mapping[str, str]) -> None:
+    """Leave out a clocks-event counter whose id answers something else (the
+    headers and NVML's change log disagree on the R580 ids: see _COUNTER_IDS):
+    a field that reads 1 poll after poll, or does not grow while its reason
+    bit is set. Such a value is never read again; the slowdown is judged from
+    the reason bits instead. It raises nothing by itself."""
+    seconds: dict[str, float] = sample["throttle_seconds"]
+    reasons = sample.get("clocks_event_reasons")
+    watches = read.gpu.counter_watches
+    for reason, name in counted.items():
+        value = seconds.get(reason)
+        if value is None:
+            continue
+        slowed = reasons is not None and bool(reasons & _COUNTER_REASON_BITS[reason])
+        why = watches.setdefault(reason, _CounterWatch()).verdict(round(value / _NANO), slowed)
+        if why is not None:
+            del seconds[reason]
+            read.distrust(
+                f"throttle_seconds[{reason}]",
+                name,
+                f"not a counter: {why}",
+                "left absent; slowdown judged from the reason bits",
+            )
 
 
 def _read_memory_errors(read: _GpuRead, sample: dict[str, Any]) -> None:
@@ -935,12 +1156,48 @@ def _read_repair_limits(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample["sram_threshold_exceeded"] = bool(status.bThresholdExceeded)
 
 
-def _read_recovery_action(read: _GpuRead, sample: dict[str, Any]) -> None:
-    """The driver's verdict on what the GPU needs (R570 and later), each poll:
-    it is state the driver holds, so a restarted daemon reads it again."""
-    read.want(
-        "recovery_action", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", sample, "recovery_action", int
-    )
+# R560's reset verdicts, by the recovery action each stands for: nvml.h 12.6
+# (7ec3ff8:2126-2127) has NVML_FI_DEV_RESET_STATUS (226, "GPU reset status")
+# and NVML_FI_DEV_DRAIN_AND_RESET_STATUS (227, "GPU drain and reset status"),
+# added in v560 "which correspond to the nvidia-smi output" (NVML's change
+# log), where a nonzero value is the driver's "yes"; R565 adds
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230, the change log, v560 to v565) and
+# 12.8 deprecates both for it. The larger verdict first: drain and reset
+# includes the reset.
+_RESET_STATUS_FIELDS = {
+    "drain_and_reset": "NVML_FI_DEV_DRAIN_AND_RESET_STATUS",
+    "gpu_reset": "NVML_FI_DEV_RESET_STATUS",
+}
+_RESET_STATUS_BRANCHES = range(560, 565)
+_RECOVERY_ACTION_CODES = {name: code for code, name in GPU_RECOVERY_ACTIONS.items()}
+
+
+def _read_recovery_action(
+    read: _GpuRead, sample: dict[str, Any], driver_branch: int
+) -> dict[str, int]:
+    """The driver's verdict on what the GPU needs, each poll: it is state the
+    driver holds, so a restarted daemon reads it again. The recovery action
+    field goes straight to the sample; on R560 its two reset fields are
+    returned, for `_settle_reset_status` once the batch is read. Asked of an
+    older branch, the field is past what its NVML defines: refused once and
+    remembered."""
+    statuses: dict[str, int] = {}
+    if driver_branch not in _RESET_STATUS_BRANCHES:
+        read.want(
+            "recovery_action", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", sample, "recovery_action", int
+        )
+        return statuses
+    for action, name in _RESET_STATUS_FIELDS.items():
+        read.want("recovery_action", name, statuses, action, int)
+    return statuses
+
+
+def _settle_reset_status(statuses: Mapping[str, int], sample: dict[str, Any]) -> None:
+    """R560's reset fields as the recovery action they stand for (0: none)."""
+    if not statuses:
+        return
+    asked = [action for action in _RESET_STATUS_FIELDS if statuses.get(action)]
+    sample["recovery_action"] = _RECOVERY_ACTION_CODES[asked[0]] if asked else 0
 
 
 def _probe_code(call: Callable[[], int]) -> int:
@@ -1020,12 +1277,14 @@ def _counter_codes(
     }
 
 
-def _probe_link_counters(gpu: _Gpu, driver_branch: int) -> _LinkCounters | None:
-    """The first interface that answers on any of the GPU's links, keeping the
-    kinds it answered; None when undecided (some link answered neither yes nor
-    "not here"), so that the next poll asks again."""
+def _probe_link_counters(
+    gpu: _Gpu, driver_branch: int, interfaces: Sequence[_LinkCounters]
+) -> _LinkCounters | None:
+    """The first of `interfaces` that answers on any of the GPU's links,
+    keeping the kinds it answered; None when undecided (some link answered
+    neither yes nor "not here"), so that the next poll asks again."""
     links = gpu.links or ()
-    for interface in _LINK_COUNTER_INTERFACES:
+    for interface in interfaces:
         if driver_branch < interface.min_driver_branch:
             continue
         codes = _field_codes(gpu, {**interface.fields, **interface.ber_fields}, links)
@@ -1049,17 +1308,35 @@ def _probe_link_counters(gpu: _Gpu, driver_branch: int) -> _LinkCounters | None:
     return _NO_LINK_COUNTERS
 
 
-def _link_counters(gpu: _Gpu, driver_branch: int) -> _LinkCounters:
+def _link_counters(read: _GpuRead, driver_branch: int) -> _LinkCounters:
     """The GPU's counter interface, probing it while undecided, and again now
     and then when none answered (a driver that came up late, links that were down)."""
+    gpu = read.gpu
     gpu.polls_since_probe += 1
     undecided = gpu.link_counters is None
     if undecided or (
         gpu.link_counters is _NO_LINK_COUNTERS and gpu.polls_since_probe >= LINK_REPROBE_POLLS
     ):
         gpu.polls_since_probe = 0
-        gpu.link_counters = _probe_link_counters(gpu, driver_branch) if gpu.links else None
+        gpu.link_counters = None
+        if gpu.links:
+            interfaces = _interfaces(_architecture(read))
+            gpu.link_counters = _probe_link_counters(gpu, driver_branch, interfaces)
     return gpu.link_counters or _NO_LINK_COUNTERS
+
+
+def _architecture(read: _GpuRead) -> int | None:
+    """The GPU's architecture, asked only while its NVLink interface is being
+    chosen, and kept once answered: it does not change."""
+    gpu = read.gpu
+    if gpu.architecture is None:
+        architecture = read.call(
+            "architecture",
+            "nvmlDeviceGetArchitecture",
+            then="NVLink counter interfaces probed in order",
+        )
+        gpu.architecture = None if architecture is None else int(architecture)
+    return gpu.architecture
 
 
 def _decode_ber(value: float | int) -> float:
@@ -1089,7 +1366,7 @@ def _read_links(read: _GpuRead, driver_branch: int) -> list[_LinkRead]:
     gpu = read.gpu
     if not gpu.links_settled:
         _discover_links(gpu)
-    interface = _link_counters(gpu, driver_branch)
+    interface = _link_counters(read, driver_branch)
     links = []
     for link in gpu.links or ():
         state = read.call(f"nvlink {link} state", "nvmlDeviceGetNvLinkState", link)
@@ -1549,7 +1826,8 @@ class NvmlSource:
 
     def _read(self, gpu: _Gpu, now: float) -> GpuSample:
         self._acquire(gpu)
-        read = _GpuRead(gpu, self._availability, now)
+        branch = self._driver_branch
+        read = _GpuRead(gpu, self._availability, now, field_id_limit(branch))
         _read_identity(read)
         sample: dict[str, Any] = dict(gpu.identity)
         _read_scalars(read, _SCALARS, sample)
@@ -1557,12 +1835,14 @@ class NvmlSource:
         _read_utilization(read, sample)
         _read_framebuffer(read, sample)
         _read_fabric(read, sample)
-        _read_throttle(read, sample, self._counter_ids)
+        counted = _read_throttle(read, sample, self._counter_ids)
         _read_memory_errors(read, sample)
-        _read_recovery_action(read, sample)
-        links = _read_links(read, self._driver_branch)
+        reset_status = _read_recovery_action(read, sample, branch)
+        links = _read_links(read, branch)
         read.fetch_fields()
         read.finish()
+        _check_counters(read, sample, counted)
+        _settle_reset_status(reset_status, sample)
         return GpuSample(
             index=gpu.index,
             up=True,
