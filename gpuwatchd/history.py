@@ -33,7 +33,14 @@ from operator import add
 from typing import Generic, Protocol, TypeVar
 
 from gpuwatchd.counters import Increase, is_saturated
-from gpuwatchd.model import GpuSample, PcieFunctionSample, PortSample, Reading, XidEvent
+from gpuwatchd.model import (
+    GpuSample,
+    PcieFunctionSample,
+    PortSample,
+    Reading,
+    SxidEvent,
+    XidEvent,
+)
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -387,6 +394,7 @@ class History:
         self._gpus: dict[int, Track[GpuSample]] = {}
         self._ports: dict[tuple[str, int], Track[PortSample]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
+        self._sxids: deque[SxidEvent] = deque(maxlen=max_samples)
         self._functions: dict[str, Track[PcieFunctionSample]] = {}
         self.now = 0.0
         # When a reading last said which ports there are (none is an answer too).
@@ -415,6 +423,7 @@ class History:
                 )
             functions.append(reading.time, function)
         self._xids.extend(reading.xid_events)
+        self._sxids.extend(reading.sxid_events)
         self._expire()
 
     def _expire(self) -> None:
@@ -427,6 +436,8 @@ class History:
             function.expire(oldest)
         while self._xids and self._xids[0].time < oldest:
             self._xids.popleft()
+        while self._sxids and self._sxids[0].time < oldest:
+            self._sxids.popleft()
 
     def gpu_indices(self) -> list[int]:
         return sorted(self._gpus)
@@ -468,6 +479,9 @@ class History:
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]
+
+    def sxid_events(self, since: float = float("-inf")) -> list[SxidEvent]:
+        return [event for event in self._sxids if event.time >= since]
 
 
 def _another_board(track: Track[GpuSample], sample: GpuSample) -> bool:

@@ -23,6 +23,7 @@ from gpuwatchd.checks import (
     nvlink,
     pcie,
     recovery,
+    sxid,
     thermal,
     xid,
 )
@@ -75,6 +76,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (config_drift.NAME, lambda i, c: config_drift.run(i.history)),
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
+    (sxid.NAME, lambda i, c: sxid.run(i.history, i.now, c.xid)),
     (
         gpu_lost.NAME,
         lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus, i.boots, c.xid),
