@@ -87,10 +87,12 @@ from gpuwatchd.model import (
     GpuSample,
     LinkSample,
     Reading,
+    SxidEvent,
     XidEvent,
 )
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
-from gpuwatchd.sources.kmsg import KernelXids, nvml_address, system_uptime
+from gpuwatchd.sources.kernel_xids import KernelXids
+from gpuwatchd.sources.kmsg import nvml_address, system_uptime
 
 log = logging.getLogger(__name__)
 
@@ -1313,8 +1315,9 @@ class NvmlSource:
         xid_thread: bool = True,
         uptime: Callable[[], float] = system_uptime,
     ) -> None:
-        """`uptime`: seconds since boot on the kernel log's clock (injected by
-        the simulator, whose node booted when its scenario says)."""
+        """`uptime`: seconds since boot on the kernel log's clock, to stamp the
+        records from before the start (injected by the simulator, whose node
+        booted when its scenario says)."""
         self._clock = clock
         self._read_timeout = config.read_timeout
         self._reader: _Reader | None = None
@@ -1332,12 +1335,9 @@ class NvmlSource:
         for gpu in self._gpus:
             self._identify(gpu)
         self._availability.flush()
-        # Before registering: a logged XID older than this NVML cannot report.
-        registered = uptime()
+        # Before registering: what the kernel log holds now, NVML never reports.
+        self._kernel = KernelXids(config.kernel_log, clock, uptime) if config.kernel_log else None
         self._xids = _XidListener(clock, self._gpus, xid_thread) if config.xid_events else None
-        self._kernel = (
-            KernelXids(config.kernel_log, clock, registered, uptime) if config.kernel_log else None
-        )
         self._closed = False
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
         log.info(
@@ -1383,8 +1383,10 @@ class NvmlSource:
 
     def poll(self, now: float) -> Reading:
         events = self._xids.drain() if self._xids is not None else ()
+        sxids: tuple[SxidEvent, ...] = ()
         if self._kernel is not None:
-            events += self._kernel.merge(events, self._addresses())
+            logged = self._kernel.merge(events, self._addresses())
+            events, sxids = logged.xids, logged.sxids
         for event in events:
             self._gpus[event.gpu].xid_counts[event.code] += 1
         gpus = tuple(self._sample(gpu, now) for gpu in self._gpus)
@@ -1394,6 +1396,7 @@ class NvmlSource:
             time=now,
             gpus=gpus,
             xid_events=events,
+            sxid_events=sxids,
             driver_version=self._driver_version,
         )
 
