@@ -10,7 +10,6 @@ and nothing else is changed.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -22,8 +21,8 @@ from typing import Any
 
 import pynvml
 import pytest
-import yaml
 from daemon_support import simulated_daemon
+from kmsg_support import FIXTURES, GPU0, GPU1, REAL, kernel_line, on_bus, real, record
 from nvml_support import scenario
 from prometheus_client import generate_latest
 
@@ -43,34 +42,11 @@ from gpuwatchd.sources.kmsg import (
 )
 from gpuwatchd.sources.nvml import NvmlSource
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
-REAL: dict[str, Any] = yaml.safe_load((FIXTURES / "records.yaml").read_text())
 BOOTED = 1000.0  # the kernel's time (seconds since boot) when the source starts
-# The simulator's GPU 0 and 1 (NVML bus ids 00000000:18:00.0 and 00000000:2A:00.0).
-GPU0, GPU1 = "0000:18:00", "0000:2a:00"
-# The GPU's PCI address in an `NVRM:` record (an SXid names its switch's).
-_BUS = re.compile(
-    r"(?<=Xid \(PCI:)[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}|(?<=GPU )[0-9a-f:]{10}(?=\.0)"
-)
-
-
-def escaped(message: str) -> str:
-    """The message as /dev/kmsg shows it: a line break inside a record is `\\x0a`."""
-    return message.replace("\\", "\\x5c").replace("\n", "\\x0a")
-
-
-def record(sequence: int, uptime: float, message: str, level: int = 4) -> str:
-    """One /dev/kmsg record, with a continuation line as device messages have."""
-    return f"{level},{sequence},{int(uptime * 1e6)},-;{escaped(message)}\n SUBSYSTEM=pci\n"
 
 
 def parsed(message: str, sequence: int = 1, uptime: float = 5.0) -> Any:
     return parse_record(record(sequence, uptime, message).splitlines()[0])
-
-
-def on_bus(message: str, address: str) -> str:
-    """A real record as the driver writes it for the GPU at `address`."""
-    return _BUS.sub(address, message, count=1)
 
 
 def xid_line(address: str, code: int) -> str:
@@ -123,7 +99,7 @@ def test_an_nvlink5_xid_line_gives_its_unit_severity_link_and_decode_values(
 def test_an_xid_154_line_gives_the_recovery_action_it_changed_to() -> None:
     assert parsed(REAL["gb200_154_to_drain_and_reset"]).recovery_action == 4
     assert parsed(REAL["gb200_154_to_gpu_reset"]).recovery_action == 1
-    assert parsed(REAL["derived"]["154_to_none"]).recovery_action == 0
+    assert parsed(real("154_to_none")).recovery_action == 0
     # NVML's event of an XID has no line: neither has the other XIDs' record.
     assert parsed(REAL["xid_79"]).recovery_action is None
 
@@ -329,7 +305,7 @@ def test_the_log_line_of_an_xid_154_nvml_reports_adds_the_action_it_changed_to(
     tmp_path: Path,
 ) -> None:
     with _node(tmp_path, "[{at: 5s, kind: xid, gpu: 1, code: 154}]", xid_events=True) as node:
-        node.write(BOOTED + 5.0, on_bus(REAL["derived"]["154_to_none"], GPU1))
+        node.write(BOOTED + 5.0, on_bus(real("154_to_none"), GPU1))
         (event,) = node.poll_after(6.0).xid_events
     assert (event.gpu, event.code, event.recovery_action) == (1, 154, 0)
 
@@ -458,12 +434,6 @@ def test_an_xid_raised_while_watched_is_counted_once_through_nvml_and_the_log(
     assert snapshot.gpus[1].xid_counts == {13: 1}
 
 
-def kernel_line(message: str, ago: str | None = None) -> str:
-    """A scenario's kernel_line fault (YAML flow: the text JSON-quoted)."""
-    when = f"at: 0s, ago: {ago}" if ago else "at: 10s"
-    return f"{{{when}, kind: kernel_line, text: {json.dumps(message)}}}"
-
-
 def test_a_kernel_line_is_written_as_one_kernel_record_at_its_time(tmp_path: Path) -> None:
     probe = on_bus(REAL["fallen_off_bus_probe"], GPU1)
     faults = f"[{kernel_line(probe, ago='1m')}, {kernel_line('<6>' + REAL['sxid_nonfatal'])}]"
@@ -504,7 +474,7 @@ FORMS = {
 def test_each_kernel_log_form_of_a_real_driver_decides_as_written(
     form: str, tmp_path: Path
 ) -> None:
-    message = on_bus(REAL.get(form) or REAL["derived"][form], GPU1)
+    message = on_bus(real(form), GPU1)
     text = NODE + f"faults: [{kernel_line(message, ago='1m')}]\n"
     with simulated_daemon(text, tmp_path) as sim:
         snapshot = sim.run_until(0)

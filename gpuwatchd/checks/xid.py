@@ -52,7 +52,8 @@ ACTION_ORDER = (
 class XidConfig:
     # How long an XID keeps its finding. Ten minutes lets a burst of related
     # XIDs (a 48 with its 45s and 63) read as one event; definitive ones
-    # quarantine at once, and the quarantine outlives the finding.
+    # quarantine at once, and the quarantine outlives the finding. The sxid
+    # check keeps an NVSwitch SXid's as long.
     window: Seconds = 600.0
     # gpud's DefaultRebootThreshold: a reboot-remedied XID that returns after
     # this many reboots asks for hardware inspection.
