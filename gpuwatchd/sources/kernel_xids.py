@@ -73,10 +73,7 @@ class _Waiting:
         return (self.gpu, self.record.code)
 
     def event(self) -> XidEvent:
-        record = self.record
-        return XidEvent(
-            self.gpu, record.code, self.read_at, self.uuid, record.nvlink, record.recovery_action
-        )
+        return _event(self.record, (self.gpu, self.uuid), self.read_at)
 
 
 class KernelXids:
@@ -105,18 +102,7 @@ class KernelXids:
         """This poll's XID events and SXids. `gpus`: each GPU's PCI address
         (`nvml_address`) to its index and UUID."""
         now = self._clock.now()
-        xids: list[XidEvent] = []
-        sxids: list[SxidEvent] = []
-        if self._before:
-            uptime_now = self._uptime()
-            for record in self._first_reports(self._before):
-                # The kernel's time of the record, on the daemon's clock.
-                when = now - max(0.0, uptime_now - record.uptime)
-                if isinstance(record, KernelSxid):
-                    sxids.append(_sxid_event(record, when))
-                elif (gpu := self._gpu(record, gpus)) is not None:
-                    xids.append(_Waiting(record, *gpu, when).event())
-            self._before = []
+        xids, sxids = self._logged_before(now, gpus)
         for record in self._first_reports(self._log.read()):
             if isinstance(record, KernelSxid):
                 sxids.append(_sxid_event(record, now))
@@ -125,6 +111,24 @@ class KernelXids:
         xids.extend(self._matched(nvml_events))
         xids.extend(self._unreported(now))
         return KernelEvents(tuple(xids), tuple(sxids))
+
+    def _logged_before(
+        self, now: float, gpus: Mapping[str, tuple[int, str | None]]
+    ) -> tuple[list[XidEvent], list[SxidEvent]]:
+        """The records read before NVML registered (at the first merge; none
+        after), each stamped with its kernel time on the daemon's clock."""
+        xids: list[XidEvent] = []
+        sxids: list[SxidEvent] = []
+        if self._before:
+            uptime_now = self._uptime()
+            for record in self._first_reports(self._before):
+                when = now - max(0.0, uptime_now - record.uptime)
+                if isinstance(record, KernelSxid):
+                    sxids.append(_sxid_event(record, when))
+                elif (gpu := self._gpu(record, gpus)) is not None:
+                    xids.append(_event(record, gpu, when))
+            self._before = []
+        return xids, sxids
 
     def _first_reports(self, records: Iterable[KernelRecord]) -> list[KernelRecord]:
         """The records less the second and later reports of one bus falling
@@ -192,3 +196,8 @@ def _sxid_event(record: KernelSxid, when: float) -> SxidEvent:
     return SxidEvent(
         record.switch, record.address, record.code, record.severity, when, record.description
     )
+
+
+def _event(record: KernelXid, gpu: tuple[int, str | None], when: float) -> XidEvent:
+    """A logged XID as an event of the GPU (index, UUID) at its address."""
+    return XidEvent(gpu[0], record.code, when, gpu[1], record.nvlink, record.recovery_action)
