@@ -119,6 +119,10 @@ KIND_FAULTS: dict[str, str] = {
     "aer_errors": "{kind: aer_errors, gpu: 1, severity: fatal}",
     "config_drift": "{kind: config_drift, gpu: 1, setting: ecc_mode}",
     "kernel_xid": "{kind: kernel_xid, gpu: 1, code: 79, ago: 2m}",
+    # A GB200 line (tests/fixtures/kmsg/) on GPU 1's bus.
+    "kernel_line": '{kind: kernel_line, text: "NVRM: Xid (PCI:0000:2a:00): 149, NETIR_LINK_EVT'
+    "  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000"
+    ' 0x00000000)"}',
 }
 
 

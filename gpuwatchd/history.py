@@ -40,6 +40,7 @@ from gpuwatchd.model import (
     PcieFunctionSample,
     PortSample,
     Reading,
+    SxidEvent,
     XidEvent,
 )
 
@@ -395,6 +396,7 @@ class History:
         self._gpus: dict[int, Track[GpuSample]] = {}
         self._ports: dict[tuple[str, int], Track[PortSample]] = {}
         self._xids: deque[XidEvent] = deque(maxlen=max_samples)
+        self._sxids: deque[SxidEvent] = deque(maxlen=max_samples)
         self._functions: dict[str, Track[PcieFunctionSample]] = {}
         self.now = 0.0
         # When a reading last said which ports there are (none is an answer too).
@@ -429,6 +431,7 @@ class History:
                 )
             functions.append(reading.time, function)
         self._xids.extend(reading.xid_events)
+        self._sxids.extend(reading.sxid_events)
         self._expire()
 
     def _expire(self) -> None:
@@ -441,6 +444,8 @@ class History:
             function.expire(oldest)
         while self._xids and self._xids[0].time < oldest:
             self._xids.popleft()
+        while self._sxids and self._sxids[0].time < oldest:
+            self._sxids.popleft()
 
     def gpu_indices(self) -> list[int]:
         return sorted(self._gpus)
@@ -482,6 +487,9 @@ class History:
 
     def xid_events(self, since: float = float("-inf")) -> list[XidEvent]:
         return [event for event in self._xids if event.time >= since]
+
+    def sxid_events(self, since: float = float("-inf")) -> list[SxidEvent]:
+        return [event for event in self._sxids if event.time >= since]
 
 
 def _another_board(track: Track[GpuSample], sample: GpuSample) -> bool:

@@ -269,13 +269,53 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class NvlinkXidDetail:
+    """What the driver's line of an NVLink5 XID (144-150) says after the code:
+    `NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 ...)`, the
+    unit, its severity word, the link (-1: the GPU's, no one link) and the
+    first two values, which NVIDIA's "XID 144-150 Decode" reads."""
+
+    unit: str
+    fatal: bool
+    link: int
+    intrinfo: int
+    error_status: int
+
+
+@dataclass(frozen=True)
 class XidEvent:
-    """One XID critical error, stamped on receipt (NVML gives no timestamp)."""
+    """One XID critical error, stamped on receipt (NVML gives no timestamp).
+
+    NVML's event carries the code alone; the kernel log's line of the same XID
+    adds `nvlink` (144-150) and `recovery_action` (154: the action it changed
+    to, 0 for None)."""
 
     gpu: int
     code: int
     time: float
     uuid: str | None = None
+    nvlink: NvlinkXidDetail | None = None
+    recovery_action: int | None = None
+
+
+@dataclass(frozen=True)
+class SxidEvent:
+    """One NVSwitch error the nvswitch driver logged (`nvidia-nvswitch3: SXid
+    (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 ...`): the switch, its PCI
+    address, the SXid, the driver's word for it (`Fatal`, `Non-fatal` or
+    `Correctable`) and the rest of its line."""
+
+    switch: str
+    address: str
+    code: int
+    severity: str
+    time: float
+    description: str = ""
+
+    @property
+    def fatal(self) -> bool:
+        """The driver reported it fatal to the fabric."""
+        return self.severity == "Fatal"
 
 
 @dataclass(frozen=True)
@@ -371,6 +411,7 @@ class Reading:
     time: float
     gpus: tuple[GpuSample, ...] | None = None
     xid_events: tuple[XidEvent, ...] = ()
+    sxid_events: tuple[SxidEvent, ...] = ()
     infiniband_devices: tuple[InfinibandDevice, ...] | None = None
     ports: tuple[PortSample, ...] | None = None
     pcie_functions: tuple[PcieFunctionSample, ...] | None = None

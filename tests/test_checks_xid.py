@@ -13,7 +13,7 @@ from gpuwatchd.checks import xid
 from gpuwatchd.checks.xid import BootRecord, BootXid, XidConfig
 from gpuwatchd.checks.xid_catalog import CATALOG, lookup
 from gpuwatchd.history import History
-from gpuwatchd.model import Action, Finding, Severity, XidEvent
+from gpuwatchd.model import Action, Finding, NvlinkXidDetail, Severity, XidEvent
 
 CONFIG = XidConfig()
 NOW = T0 + 100.0
@@ -308,6 +308,81 @@ def test_xid_154_warns_and_points_to_the_recovery_action_the_driver_announced() 
     [finding] = xids((3, 154), boots=seen_before(154, 2 * 3600.0, 3600.0))
     assert verdict(finding) == ("xid_recovery_action", Severity.WARN, Action.NONE, False)
     assert "gpu_recovery_action" in finding.message
+
+
+def judged(*events: XidEvent) -> list[Finding]:
+    """Events as the kernel log's lines make them, judged at NOW."""
+    history = History(max_age_seconds=3600.0)
+    record(history, NOW, [gpu(index) for index in range(8)], events)
+    return list(xid.run(history, NOW, CONFIG).findings)
+
+
+def nvlink5(
+    code: int, fatal: bool, link: int, intrinfo: int = 0x021425C6, status: int = 0
+) -> XidEvent:
+    """An NVLink5 XID of GPU 3 with its line's tail (gb200_149_fatal_link_01's by default)."""
+    detail = NvlinkXidDetail("NETIR_LINK_EVT", fatal, link, intrinfo, status)
+    return XidEvent(gpu=3, code=code, time=NOW - 10, uuid="GPU-0003", nvlink=detail)
+
+
+def test_a_fatal_nvlink5_xid_is_critical_on_its_link_and_asks_for_a_reset() -> None:
+    [finding] = judged(nvlink5(149, fatal=True, link=1))
+    assert (finding.subject, *verdict(finding)) == (
+        "nvlink:3/1",
+        "xid_nvlink",
+        Severity.CRITICAL,
+        Action.RESET_GPU,
+        False,
+    )
+    # A reset cures it: confirmed by policy like any reset XID, never at once.
+    assert not finding.immediate
+    assert finding.evidence["intrinfo"] == "0x021425c6" and finding.evidence["fatal"] == 1
+
+
+def test_a_nonfatal_nvlink5_xid_warns_on_its_link_and_asks_for_nothing() -> None:
+    [finding] = judged(nvlink5(145, fatal=False, link=3, intrinfo=0x040868E2, status=8))
+    assert (finding.subject, *verdict(finding)) == (
+        "nvlink:3/3",
+        "xid_nvlink",
+        Severity.WARN,
+        Action.NONE,
+        False,
+    )
+
+
+@pytest.mark.parametrize("reason", [0x26, 0x28])
+def test_a_fatal_netir_link_down_whose_reason_the_decode_ignores_only_warns(reason: int) -> None:
+    # NETIR_LINK_DOWN's V1 intrinfo pattern, the reason in bits 20-25.
+    [finding] = judged(nvlink5(149, fatal=True, link=2, intrinfo=(reason << 20) | 0x1C6))
+    assert (finding.subject, finding.severity) == ("nvlink:3/2", Severity.WARN)
+
+
+def test_a_fatal_and_a_nonfatal_xid_on_one_link_are_one_critical_finding() -> None:
+    [finding] = judged(nvlink5(149, fatal=True, link=1), nvlink5(145, fatal=False, link=1))
+    assert finding.severity is Severity.CRITICAL
+    assert (finding.evidence["count"], finding.evidence["fatal"]) == (2, 1)
+    assert "Fatal x1" in finding.message and "Nonfatal x1" in finding.message
+
+
+def test_an_nvlink5_xid_without_a_link_or_without_its_line_warns_on_the_gpu() -> None:
+    no_link = nvlink5(149, fatal=True, link=-1, intrinfo=0x000FE406)
+    nvml_alone = XidEvent(gpu=3, code=146, time=NOW - 5, uuid="GPU-0003")
+    [finding] = judged(no_link, nvml_alone)
+    assert (finding.subject, finding.code, finding.severity) == (
+        "gpu:3",
+        "xid_hardware",
+        Severity.WARN,
+    )
+
+
+def test_an_xid_154_back_to_none_is_the_recovery_done_not_a_warning() -> None:
+    done = XidEvent(gpu=3, code=154, time=NOW - 10, recovery_action=0)
+    [finding] = judged(done)
+    assert verdict(finding) == ("xid_recovery_action", Severity.OK, Action.NONE, False)
+    assert "recovery is done" in finding.message
+    reset = XidEvent(gpu=3, code=154, time=NOW - 5, recovery_action=1)
+    [both] = judged(done, reset)
+    assert both.severity is Severity.WARN and both.evidence["count"] == 2
 
 
 def test_every_catalog_row_cites_nvidias_immediate_and_investigatory_action() -> None:

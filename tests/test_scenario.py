@@ -137,6 +137,7 @@ def test_every_kind_is_accepted_with_its_required_fields() -> None:
         "severity": "fatal",
         "setting": "ecc_mode",
         "mask": 0x10,
+        "text": "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",
     }
     values["counter"] = "link_downed"
     for kind, (required, _) in FAULT_FIELDS.items():
@@ -207,6 +208,26 @@ def test_a_kernel_xid_is_logged_before_the_start_by_ago() -> None:
         parse("faults: [{at: 5s, kind: kernel_xid, gpu: 1, code: 79}]")
     with pytest.raises(ScenarioError, match="ago must be more than 0s and under 50m"):
         parse("faults: [{at: 0s, kind: kernel_xid, gpu: 1, code: 79, ago: 2h}]")
+
+
+def test_a_kernel_line_is_one_record_at_its_time_or_logged_before_the_start() -> None:
+    text = """faults:
+      - {at: 20s, kind: kernel_line, text: "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus."}
+      - {at: 0s, kind: kernel_line, text: "<4>two\\nlines", ago: 90s}
+    """
+    later, before = parse(text).faults
+    assert (later.at, later.ago, later.text) == (
+        20,
+        None,
+        "NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",
+    )
+    assert (before.ago, before.text) == (90, "<4>two\nlines")
+    with pytest.raises(ScenarioError, match="logged `ago` before the daemon started"):
+        parse('faults: [{at: 5s, kind: kernel_line, text: "x", ago: 1m}]')
+    with pytest.raises(ScenarioError, match="text must be one kernel record"):
+        parse('faults: [{at: 5s, kind: kernel_line, text: ""}]')
+    with pytest.raises(ScenarioError, match="text must be text"):
+        parse("faults: [{at: 5s, kind: kernel_line, text: [1, 2]}]")
 
 
 def test_config_drift_names_a_known_setting_and_a_value_it_can_take() -> None:

@@ -12,12 +12,14 @@ the daemon starts is decided within a poll of that.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from daemon_support import SimulatedDaemon, simulated_daemon
+from kmsg_support import GPU1, on_bus, real
 
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.config import Config, DaemonConfig
@@ -57,6 +59,16 @@ class Decided:
     finding: float | None
     decision: float | None
 
+
+def _kernel_line(name: str) -> str:
+    """A kernel_line fault of a real record on GPU 1's bus (its `at` added later)."""
+    return "{kind: kernel_line, text: " + json.dumps(on_bus(real(name), GPU1)) + "}"
+
+
+FALLEN_OFF_BUS_ROW = (
+    "`kernel_line`: `NVRM: GPU <bus>: GPU has fallen off the bus.`, or the probe's"
+    " three-line `The NVIDIA GPU <bus> ... has fallen off the bus` (no `Xid`)"
+)
 
 CASES: dict[str, Expected] = {
     "thermal_throttle": Expected(
@@ -346,6 +358,82 @@ CASES: dict[str, Expected] = {
         finding=0,
         decision=30,
         row="`xid` 154",
+    ),
+    # A real driver's records (tests/fixtures/kmsg/) on GPU 1's bus, which
+    # NVML does not report: a logged XID counts after its 30 s grace.
+    "kernel_line_fallen_off_bus": Expected(
+        _kernel_line("fallen_off_bus"),
+        "gpu:1",
+        "xid_hardware",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        finding=30,
+        decision=30,
+        node_quarantined=True,
+        row=FALLEN_OFF_BUS_ROW,
+    ),
+    "kernel_line_fallen_off_bus_probe": Expected(
+        _kernel_line("fallen_off_bus_probe"),
+        "gpu:1",
+        "xid_hardware",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        finding=30,
+        decision=30,
+        node_quarantined=True,
+        row=FALLEN_OFF_BUS_ROW,
+    ),
+    "kernel_line_nvlink5_fatal": Expected(
+        _kernel_line("gb200_149_fatal_link_01"),
+        "nvlink:1/1",
+        "xid_nvlink",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        finding=30,
+        decision=330,
+        node_quarantined=True,
+        row="`kernel_line`: an NVLink5 XID (144-150) `Fatal` on `Link N` (a GB200 line)",
+    ),
+    "kernel_line_nvlink5_nonfatal": Expected(
+        _kernel_line("gb200_145_nonfatal_link_03"),
+        "nvlink:1/3",
+        "xid_nvlink",
+        Severity.WARN,
+        Health.DEGRADED,
+        finding=30,
+        decision=60,
+        row="`kernel_line`: an NVLink5 XID `Nonfatal` on `Link N`",
+    ),
+    "kernel_line_sxid_fatal": Expected(
+        _kernel_line("sxid_fatal"),
+        "node",
+        "nvswitch_sxid",
+        Severity.CRITICAL,
+        Health.QUARANTINED,
+        finding=0,
+        decision=300,
+        node_quarantined=True,
+        row="`kernel_line`: an NVSwitch `SXid` the driver calls `Fatal`",
+    ),
+    "kernel_line_sxid_nonfatal": Expected(
+        _kernel_line("sxid_nonfatal"),
+        "node",
+        "nvswitch_sxid",
+        Severity.WARN,
+        Health.DEGRADED,
+        finding=0,
+        decision=30,
+        row="`kernel_line`: an NVSwitch `SXid` `Non-fatal` or `Correctable`",
+    ),
+    "kernel_line_154_to_none": Expected(
+        _kernel_line("154_to_none"),
+        "gpu:1",
+        "xid_recovery_action",
+        Severity.OK,
+        Health.HEALTHY,
+        finding=30,
+        decision=30,
+        row=None,
     ),
     "gpu_lost": Expected(
         "{kind: gpu_lost, gpu: 1}",

@@ -24,6 +24,7 @@ from gpuwatchd.checks import (
     nvlink,
     pcie,
     recovery,
+    sxid,
     thermal,
     xid,
 )
@@ -79,6 +80,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     (recovery.NAME, lambda i, c: recovery.run(i.history)),
     (driver.NAME, lambda i, c: driver.run(i.history, i.canaries)),
     (xid.NAME, lambda i, c: xid.run(i.history, i.now, c.xid, i.boots)),
+    (sxid.NAME, lambda i, c: sxid.run(i.history, i.now, c.xid)),
     (
         gpu_lost.NAME,
         lambda i, c: gpu_lost.run(i.history, i.now, c.gpu_lost, i.known_gpus, i.boots, c.xid),

@@ -6,6 +6,13 @@ and when. For each GPU it gives one finding per kind of XID the catalog names
 (`xid_hardware`, `xid_software`, `xid_application`, `xid_informational`,
 `xid_recovery_action`) and one for XIDs it does not know (`xid_unknown`).
 
+The kernel log's line of an NVLink5 XID (144-150) names its link and its
+severity: such an XID is judged on that link (`nvlink:<gpu>/<link>`,
+`xid_nvlink`) by NVIDIA's XID 144-150 decode, critical and asking for a GPU
+reset when the decode resets for it, a warning otherwise; one without a link
+(`Link -1`), or without its line, is the GPU's, as the catalog says. Critical
+here is confirmed by policy like any reset XID, never at once.
+
 Escalation follows gpud: a hardware XID that NVIDIA resets or reboots and
 investigates as hardware (`XidInfo.escalates`), and that comes back after
 `reboots_before_inspection` reboots, has shown that rebooting does not fix it,
@@ -17,15 +24,15 @@ separate events, not one fault that survived reboots.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwatchd.checks import CheckOutput
-from gpuwatchd.checks.common import gpu_subject
-from gpuwatchd.checks.xid_catalog import XidInfo, lookup
+from gpuwatchd.checks.common import gpu_subject, link_subject
+from gpuwatchd.checks.xid_catalog import XidInfo, lookup, lookup_event, nvlink_fatal
 from gpuwatchd.history import History
-from gpuwatchd.model import Action, Finding, Severity, XidEvent
+from gpuwatchd.model import Action, Finding, NvlinkXidDetail, Severity, XidEvent
 from gpuwatchd.settings import Seconds
 from gpuwatchd.units import format_duration
 
@@ -45,7 +52,8 @@ ACTION_ORDER = (
 class XidConfig:
     # How long an XID keeps its finding. Ten minutes lets a burst of related
     # XIDs (a 48 with its 45s and 63) read as one event; definitive ones
-    # quarantine at once, and the quarantine outlives the finding.
+    # quarantine at once, and the quarantine outlives the finding. The sxid
+    # check keeps an NVSwitch SXid's as long.
     window: Seconds = 600.0
     # gpud's DefaultRebootThreshold: a reboot-remedied XID that returns after
     # this many reboots asks for hardware inspection.
@@ -122,18 +130,25 @@ def run(
 ) -> CheckOutput:
     record = boots or BootRecord()
     by_gpu: dict[int, list[XidEvent]] = defaultdict(list)
+    by_link: dict[tuple[int, int], list[_LinkXid]] = defaultdict(list)
     for event in history.xid_events(since=now - config.window):
-        if event.code not in config.ignore:
+        if event.code in config.ignore:
+            continue
+        if event.nvlink is not None and event.nvlink.link >= 0:
+            by_link[(event.gpu, event.nvlink.link)].append((event, event.nvlink))
+        else:
             by_gpu[event.gpu].append(event)
     findings: list[Finding] = []
     for gpu, events in sorted(by_gpu.items()):
         uuid = _uuid(history, events)
         judged = [
-            _judge(code, count, uuid, record, now, config)
-            for code, count in sorted(_counts(events).items())
+            _judge(info, count, uuid, record, now, config)
+            for info, count in sorted(_counts(events).items(), key=lambda item: item[0].code)
         ]
         for code, members in _categorise(judged).items():
             findings.append(_finding(gpu, code, members, config))
+    for (gpu, link), xids in sorted(by_link.items()):
+        findings.append(_link_finding(gpu, link, xids, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -145,23 +160,22 @@ def _uuid(history: History, events: Sequence[XidEvent]) -> str | None:
     return latest.uuid if latest is not None else None
 
 
-def _counts(events: Sequence[XidEvent]) -> dict[int, int]:
-    counts: dict[int, int] = defaultdict(int)
+def _counts(events: Sequence[XidEvent]) -> dict[XidInfo, int]:
+    counts: dict[XidInfo, int] = defaultdict(int)
     for event in events:
-        counts[event.code] += 1
+        counts[lookup_event(event)] += 1
     return counts
 
 
 def _judge(
-    code: int,
+    info: XidInfo,
     count: int,
     uuid: str | None,
     record: BootRecord,
     now: float,
     config: XidConfig,
 ) -> _Judged:
-    info = lookup(code)
-    reboots = record.reboots_since_first(uuid, code, since=now - config.reboot_window)
+    reboots = record.reboots_since_first(uuid, info.code, since=now - config.reboot_window)
     if info.escalates and reboots >= config.reboots_before_inspection:
         return _Judged(info, count, Severity.CRITICAL, Action.INSPECT_HARDWARE, True, reboots)
     return _Judged(info, count, info.severity, info.action, info.definitive, reboots)
@@ -203,4 +217,41 @@ def _finding(gpu: int, code: str, members: Sequence[_Judged], config: XidConfig)
         evidence=evidence,
         definitive=any(m.definitive and m.severity is Severity.CRITICAL for m in members),
         immediate=any(m.info.drains and m.severity is Severity.CRITICAL for m in members),
+    )
+
+
+# One NVLink5 XID of a link, with what its line says after the code.
+_LinkXid = tuple[XidEvent, NvlinkXidDetail]
+
+
+def _link_finding(gpu: int, link: int, xids: Sequence[_LinkXid], config: XidConfig) -> Finding:
+    """The NVLink5 XIDs of one link, as their lines and NVIDIA's decode say."""
+    resets = [(event, detail) for event, detail in xids if nvlink_fatal(event.code, detail)]
+    shown, detail = (resets or xids)[-1]
+    counts = Counter(
+        f"XID {event.code} ({lookup(event.code).name}) {detail.unit} "
+        + ("Fatal" if detail.fatal else "Nonfatal")
+        for event, detail in xids
+    )
+    listed = "; ".join(f"{what} x{count}" for what, count in counts.items())
+    decode = "resets the GPU for it" if resets else "asks for no reset"
+    return Finding(
+        subject=link_subject(gpu, link),
+        check=NAME,
+        code="xid_nvlink",
+        severity=Severity.CRITICAL if resets else Severity.WARN,
+        message=(
+            f"{listed} on NVLink {link} in the last {config.window:g}s; "
+            f"NVIDIA's XID 144-150 decode {decode}"
+        ),
+        action=Action.RESET_GPU if resets else Action.NONE,
+        evidence={
+            "xid": shown.code,
+            "count": len(xids),
+            "fatal": len(resets),
+            "unit": detail.unit,
+            "intrinfo": f"0x{detail.intrinfo:08x}",
+            "error_status": f"0x{detail.error_status:08x}",
+            "window_seconds": config.window,
+        },
     )

@@ -27,11 +27,17 @@ severity, action and kind follow from them:
   the memory check reads from the driver, not the XID.
 - `WORKFLOW_NVLINK_ERR` (74): the fault can sit at either end of the link, so
   the reporting GPU is drained for a reset, never condemned on its own word.
-- `WORKFLOW_NVLINK5_ERR` (144-150): the severity hangs on a decode of the
-  error status the NVML event does not carry, and many decoded rows are
-  `IGNORE`, so they warn and ask for a reset.
+- `WORKFLOW_NVLINK5_ERR` (144-150): the severity hangs on NVIDIA's "XID
+  144-150 Decode" of what the driver's line says after the code, which the
+  NVML event does not carry, so on its own the XID warns and asks for a
+  reset. With the kernel log's line (`NETIR_LINK_EVT  Fatal   XC0 i0 Link 01
+  (0x021425c6 ...)`), `nvlink_fatal` follows the decode: its `Fatal` rows
+  ask for `RESET_GPU`, all but two link-down reasons it ignores, and its
+  `Nonfatal` ones for `IGNORE` or the 154 that follows.
 - `XID_154`: the driver changed the GPU's recovery action; the action itself
-  is the `gpu_recovery_action` field, judged by its own check.
+  is the `gpu_recovery_action` field, judged by its own check. It warns,
+  except where the kernel log's line says it changed to None: the recovery
+  is done (`lookup_event`).
 
 Only hardware XIDs that NVIDIA resets or reboots and whose investigation is a
 hardware one (`CONTACT_SUPPORT`, `INVESTIGATE_LINK_SI`) escalate when they
@@ -48,7 +54,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from types import MappingProxyType
 
-from gpuwatchd.model import Action, Severity
+from gpuwatchd.model import Action, NvlinkXidDetail, Severity, XidEvent
 
 
 class XidKind(Enum):
@@ -319,3 +325,39 @@ UNKNOWN = XidInfo(0, "unknown XID", "", "", XidKind.UNKNOWN, WARN, Action.NONE)
 def lookup(code: int) -> XidInfo:
     entry = CATALOG.get(code)
     return entry if entry is not None else replace(UNKNOWN, code=code)
+
+
+# XID 154 names the recovery action it changed to; 0 is None (nvml.h,
+# NVML_GPU_RECOVERY_ACTION_NONE): the recovery it announced before is done.
+RECOVERY_ACTION_CHANGED = 154
+RECOVERY_NONE = 0
+RECOVERY_COMPLETED = replace(
+    CATALOG[RECOVERY_ACTION_CHANGED],
+    name="GPU Recovery Action Changed to None",
+    severity=OK,
+    advice="the driver's recovery is done: its action is back to None",
+)
+
+
+def lookup_event(event: XidEvent) -> XidInfo:
+    """The catalog's row for one event, as the kernel log's line of it refines it."""
+    if event.code == RECOVERY_ACTION_CHANGED and event.recovery_action == RECOVERY_NONE:
+        return RECOVERY_COMPLETED
+    return lookup(event.code)
+
+
+# NVIDIA's "XID 144-150 Decode" (gpud's catalog_generated.go, `nvlinkRules`)
+# asks for RESET_GPU on every Fatal row but two: XID 149's NETIR link-down
+# events whose reason (intrinfo bits 20-25) is 0x26 (INVESTIGATE_SW/USER) or
+# 0x28 (INVESTIGATE_HOST), which it ignores.
+_IGNORED_LINK_DOWN_REASONS = frozenset({0x26, 0x28})
+NETIR_XID = 149
+
+
+def nvlink_fatal(code: int, detail: NvlinkXidDetail) -> bool:
+    """Whether an NVLink5 XID's line is one the decode resets the GPU for."""
+    if not detail.fatal:
+        return False
+    reason = (detail.intrinfo >> 20) & 0x3F
+    link_down = code == NETIR_XID and detail.unit.startswith("NETIR_LINK")
+    return not (link_down and reason in _IGNORED_LINK_DOWN_REASONS)

@@ -8,18 +8,24 @@ writes (`NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>,
 (`prio,seq,usec,flags;message`, Documentation/ABI/testing/dev-kmsg) with a
 continuation line, as the kernel adds for device messages. The scenario's
 `kernel_xid` faults are XIDs logged before the daemon started (`ago`), which
-NVML never reports: only the log knows them. The node booted `BOOT_UPTIME`
-seconds before the scenario's start; `uptime(now)` is the kernel's time.
+NVML never reports: only the log knows them. Its `kernel_line` faults are
+records in any form a driver writes (the fallen-off-the-bus lines without
+`Xid`, NVLink5 XIDs with their tail, NVSwitch SXids), written as given at
+`at`, or `ago` before the start; NVML reports none of them. A text of
+several lines is one record, as one printk is, its line breaks escaped as
+devkmsg escapes them. The node booted `BOOT_UPTIME` seconds before the
+scenario's start; `uptime(now)` is the kernel's time.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwatchd.checks.xid_catalog import lookup
 from gpuwatchd.sim.gpu import XID_FALLEN_OFF_BUS, SimulatedGpus
-from gpuwatchd.sim.scenario import Scenario
+from gpuwatchd.sim.scenario import Fault, Scenario
 from gpuwatchd.sources.kmsg import nvml_address
 
 BOOT_UPTIME = 3600.0
@@ -30,6 +36,11 @@ BOOT_LINES = (
     (KERN_INFO, 21.0, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.172.08"),
 )
 DEFAULT_AGO = 60.0
+# printk's level prefix (KERN_ERR is "<3>"), where a kernel_line's text has one.
+_LEVEL_RE = re.compile(r"^<([0-7])>")
+
+# (kernel time, level, message) of one record to write.
+_Record = tuple[float, int, str]
 
 
 class SimulatedKernelLog:
@@ -45,33 +56,64 @@ class SimulatedKernelLog:
         self.path.write_text("")
         for level, uptime, text in BOOT_LINES:
             self._append(level, uptime, text)
-        before = sorted(
-            (BOOT_UPTIME - (fault.ago or DEFAULT_AGO), fault.gpu or 0, fault.code or 0)
+        lines = scenario.faults_of("kernel_line")
+        before = [
+            record
             for fault in scenario.faults_of("kernel_xid")
-        )
-        for uptime, gpu, code in before:
-            self._xid(gpu, code, max(uptime, BOOT_LINES[-1][1] + 1))
+            for record in self._xid(
+                fault.gpu or 0, fault.code or 0, BOOT_UPTIME - (fault.ago or DEFAULT_AGO)
+            )
+        ]
+        before += [_line(fault, BOOT_UPTIME - fault.ago) for fault in lines if fault.ago]
+        for uptime, level, text in sorted(before):
+            self._append(level, max(uptime, BOOT_LINES[-1][1] + 1), text)
+        # The kernel_line faults logged while the daemon runs, by their time.
+        self._later = sorted((fault for fault in lines if not fault.ago), key=lambda f: f.at)
 
     def uptime(self, now: float) -> float:
         return BOOT_UPTIME + (now - self.start)
 
     def advance(self, now: float) -> None:
-        """Log the XIDs the GPUs raised up to `now` (after `gpus.advance(now)`)."""
+        """Log the XIDs the GPUs raised and the kernel lines due up to `now`
+        (after `gpus.advance(now)`)."""
         records = self._gpus.xids_from(self._cursor)
         self._cursor += len(records)
-        for record in records:
-            self._xid(record.gpu, record.code, BOOT_UPTIME + record.time)
+        due = [x for r in records for x in self._xid(r.gpu, r.code, BOOT_UPTIME + r.time)]
+        while self._later and self._later[0].at <= now - self.start:
+            fault = self._later.pop(0)
+            due.append(_line(fault, BOOT_UPTIME + fault.at))
+        for uptime, level, text in sorted(due):
+            self._append(level, uptime, text)
 
-    def _xid(self, gpu: int, code: int, uptime: float) -> None:
+    def _xid(self, gpu: int, code: int, uptime: float) -> list[_Record]:
+        """The driver's line of an XID on a GPU (none for a GPU with no bus)."""
         address = self._addresses[gpu] if gpu < len(self._addresses) else None
         if address is None:
-            return
+            return []
         level = KERN_ERR if code == XID_FALLEN_OFF_BUS else KERN_WARNING
         text = f"NVRM: Xid (PCI:{address}): {code}, pid='<unknown>', name=<unknown>, "
-        self._append(level, uptime, text + lookup(code).name)
+        return [(uptime, level, text + lookup(code).name)]
 
     def _append(self, level: int, uptime: float, text: str) -> None:
         self._sequence += 1
-        record = f"{level},{self._sequence},{int(uptime * 1e6)},-;{text}\n"
+        record = f"{level},{self._sequence},{int(uptime * 1e6)},-;{_escaped(text)}\n"
         with self.path.open("a", encoding="utf-8") as log:
             log.write(record + " SUBSYSTEM=pci\n")
+
+
+def _line(fault: Fault, uptime: float) -> _Record:
+    """A kernel_line fault's record: its level from the text's prefix, else KERN_ERR."""
+    text = fault.text or ""
+    level = _LEVEL_RE.match(text)
+    if level is None:
+        return (uptime, KERN_ERR, text)
+    return (uptime, int(level.group(1)), text[level.end() :])
+
+
+def _escaped(text: str) -> str:
+    """The message as devkmsg shows it: each byte below 0x20, from 0x7f on,
+    and the backslash as `\\xHH` (kernel/printk/printk.c)."""
+    return "".join(
+        chr(byte) if 0x20 <= byte < 0x7F and byte != 0x5C else f"\\x{byte:02x}"
+        for byte in text.encode()
+    )

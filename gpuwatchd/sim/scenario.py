@@ -88,6 +88,11 @@ FAULT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # An XID the driver logged `ago` (60s) before the daemon started: in the
     # kernel log only, since NVML replays nothing from before its registration.
     "kernel_xid": (frozenset({"gpu", "code"}), frozenset({"ago"})),
+    # One raw kernel-log record (`text`, as the driver writes it: the lines of
+    # one printk are one record) with the kernel's facility, at the level of
+    # a leading `<0>`..`<7>` (KERN_ERR without one); at `at`, or `ago` before
+    # the daemon started (`at: 0s`). NVML does not report it.
+    "kernel_line": (frozenset({"text"}), frozenset({"ago"})),
     "gpu_lost": (frozenset({"gpu"}), frozenset()),
     "nvml_error": (frozenset({"gpu", "call", "code"}), frozenset({"link"})),
     # nvmlInit answers the NVML error `code` (DRIVER_NOT_LOADED,
@@ -127,6 +132,8 @@ COMMON_FIELDS = frozenset({"at", "kind", "for"})
 # The settings a config_drift fault changes (checks/config_drift.py compares
 # these and the application clocks).
 CONFIG_SETTINGS = ("vbios_version", "ecc_mode", "persistence_mode", "mig_mode", "power_limit")
+# The longest message one kernel record holds (printk keeps at most 1 KiB).
+KERNEL_RECORD_CHARS = 1024
 # Kinds that describe the node as it booted: they must start at 0s.
 FROM_BOOT = frozenset(
     {"nvlink_inactive", "gpu_missing", "kernel_xid", "gpu_replaced", "nvml_init_error"}
@@ -211,7 +218,8 @@ class Fault:
     width: int | None = None  # pcie_downtrained: lanes
     generation: int | None = None  # pcie_downtrained: PCIe generation
     severity: str | None = None  # aer_errors: correctable, nonfatal or fatal
-    ago: float | None = None  # kernel_xid: seconds before the start it was logged
+    ago: float | None = None  # kernel_xid, kernel_line: seconds before the start it was logged
+    text: str | None = None  # kernel_line: the record's message
     setting: str | None = None  # config_drift: one of CONFIG_SETTINGS
     value: str | None = None  # config_drift: what the setting reads (text)
     bank: int | None = None  # row_remap_exhausted: the memory bank
@@ -386,6 +394,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         value=str(raw["value"]) if "value" in raw else None,
         bank=_require_int(raw["bank"], "bank", label) if "bank" in raw else None,
         mask=_require_int(raw["mask"], "mask", label) if "mask" in raw else None,
+        text=_require_text(raw["text"], "text", label) if "text" in raw else None,
     )
     _check_ranges(fault, node, label)
     return fault
@@ -458,6 +467,12 @@ def _check_ranges(fault: Fault, node: NodeShape, label: str) -> None:
         raise ScenarioError(f"{label}: mhz must be a clock in MHz, got {fault.mhz}")
     if fault.kind in FROM_BOOT and fault.at != 0:
         raise ScenarioError(f"{label}: describes the node from boot, so `at` must be 0s")
+    if fault.ago is not None and fault.at != 0:
+        raise ScenarioError(f"{label}: logged `ago` before the daemon started, so `at` must be 0s")
+    if fault.text is not None and not 0 < len(fault.text) <= KERNEL_RECORD_CHARS:
+        raise ScenarioError(
+            f"{label}: text must be one kernel record: 1 to {KERNEL_RECORD_CHARS} characters"
+        )
     if fault.kind == "gpu_missing" and fault.gpu is not None and fault.count is not None:
         raise ScenarioError(f"{label}: give either gpu (which one) or count (how many)")
     if fault.setting is not None and fault.setting not in CONFIG_SETTINGS:

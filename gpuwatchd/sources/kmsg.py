@@ -1,34 +1,45 @@
-"""XIDs from the kernel log: the driver's `NVRM: Xid` lines in `/dev/kmsg`.
+"""The NVIDIA drivers' records in the kernel log (`/dev/kmsg`): XIDs, GPUs
+fallen off the bus, NVSwitch SXids.
 
-Owns reading the kernel log and merging its XIDs with NVML's XID events; the
-NVML source calls it each poll with the events NVML gave and the GPUs' PCI
-bus ids.
+Owns reading the kernel log and parsing the records the GPU and NVSwitch
+drivers write; `sources/kernel_xids.py` merges their XIDs with NVML's
+events (and says once a boot which reports of a GPU falling off the bus
+count).
 
 Reading (Documentation/ABI/testing/dev-kmsg): each read() of /dev/kmsg
 returns one record, `prio,seq,usec,flags;message`, then continuation lines
-that start with a space (` SUBSYSTEM=pci`, skipped). A reader opened at the
-start sees every record still in the ring, so the boot's XIDs from before the
-daemon started are read too. Reads are non-blocking (EAGAIN: nothing more for
-now); a record overwritten before it was read fails the read with EPIPE, and
-the next read goes on from the oldest record left: the loss is said once. A
-regular file or a FIFO holding such lines reads the same (the tests and the
-simulator point `kernel_log` at one): lines are split from whatever each read
-returns.
+that start with a space (` SUBSYSTEM=pci`, skipped); the message's
+non-printable bytes are escaped as `\\xHH`, so the line breaks of one printk
+read `\\x0a`. A reader opened at the start sees every record still in the
+ring, so the boot's records from before the daemon started are read too.
+Reads are non-blocking (EAGAIN: nothing more for now); a record overwritten
+before it was read fails the read with EPIPE, and the next read goes on from
+the oldest record left: the loss is said once. A regular file or a FIFO
+holding such lines reads the same (the tests and the simulator point
+`kernel_log` at one): lines are split from whatever each read returns.
 
-The driver writes one line per XID (gpud's kmsg.go quotes NVIDIA's forms:
-`NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has
-fallen off the bus.` and the older `NVRM: Xid (0000:03:00): 14, Channel
-00000001`); the PCI address (domain, bus, device) names the GPU through
-NVML's PCI bus id.
+The forms read (real ones, with their sources, are tests/fixtures/kmsg/):
 
-Merging: NVML replays nothing from before its registration, and the driver
-logs every XID it reports. So an XID logged before the registration (its
-kernel time is before the moment measured just before registering) comes
-from the log alone, stamped with its own time; after it, each XID is counted
-once: NVML's events as they come, and a logged XID only when, `grace`
-seconds on, NVML has reported fewer of that code on that GPU than the log
-holds (a GPU not registered, a wait that failed). Counts per GPU and code
-are then the boot's, not the daemon's.
+- `NVRM: Xid (PCI:0000:05:00): 79, pid='<unknown>', name=<unknown>, GPU has
+  fallen off the bus.`, and the older `NVRM: Xid (0000:03:00): 14, Channel
+  00000001`: the PCI address (domain, bus, device) names the GPU through
+  NVML's PCI bus id.
+- NVLink5 XIDs (144-150) go on with the unit, `Fatal` or `Nonfatal`, the
+  link (-1: none) and the values NVIDIA's "XID 144-150 Decode" reads:
+  `149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 (0x021425c6 0x00000000 ...)`.
+- XID 154 names the recovery action it changed to: `154, GPU recovery
+  action changed from 0x0 (None) to 0x4 (Drain and Reset)`.
+- A GPU off the bus without an `Xid` token: `NVRM: GPU 0000:29:00.0: GPU has
+  fallen off the bus.`, which the driver's osHandleGpuLost prints just after
+  the XID 79 line, and the probe's one printk of three lines for a GPU
+  already gone, `NVRM: The NVIDIA GPU 0000:18:00.0` ... `fallen off the bus
+  and is not responding to commands.` Both are XID 79 on that bus.
+- NVSwitch SXids, `nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028,
+  Non-fatal, Link 32 egress non-posted PRIV error (First)`: the nvswitch
+  driver heads each error's record with its word for it (`Fatal`,
+  `Non-fatal`, `Correctable`: src/common/nvswitch/kernel/inc/
+  intr_nvswitch.h); the records it adds with the same SXid (`Severity 1
+  Engine instance ...`, `Data {...}`) are that error's detail, not errors.
 """
 
 from __future__ import annotations
@@ -38,47 +49,91 @@ import logging
 import os
 import re
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuwatchd.clock import Clock
-from gpuwatchd.model import XidEvent
+from gpuwatchd.model import NvlinkXidDetail
 
 log = logging.getLogger(__name__)
 
 # `6,1234,5678901,-;message`: priority and facility, sequence number,
 # microseconds since boot, flags (`-`, or `c` for a continued record).
-_RECORD_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
-# `NVRM: Xid (PCI:0000:05:00): 79, ...` or the older `NVRM: Xid (0000:03:00): 14, ...`.
-_XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?\)"
-    r": (\d{1,4}),"
+_RECORD_RE = re.compile(r"^(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
+_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+# A PCI address, the domain optional (gpud's kmsg_test.go has `GPU 18:00.0`).
+_ADDRESS = r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})"
+_XID_RE = re.compile(rf"NVRM: Xid \((?:PCI:)?{_ADDRESS}(?:\.[0-7])?\): (\d{{1,4}}),")
+_NVLINK_RE = re.compile(
+    r"([A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)?)\s+(Fatal|Nonfatal)\s+XC[01]\s+i\d{1,3}\s+"
+    r"Link\s+(-?\d{1,3})\s+\((0x[0-9a-fA-F]{1,8})\s+(0x[0-9a-fA-F]{1,8})"
+)
+_RECOVERY_RE = re.compile(
+    r"recovery action changed from 0x[0-9a-fA-F]{1,8}(?: \([^)]*\))? to (0x[0-9a-fA-F]{1,8})"
+)
+_FALLEN_RE = re.compile(rf"NVRM: GPU {_ADDRESS}\.[0-7]: GPU has fallen off the bus")
+_PROBE_FALLEN_RE = re.compile(
+    rf"NVRM: The NVIDIA GPU {_ADDRESS}\.[0-7]\s.*?fallen off the bus and is not responding",
+    re.DOTALL,
+)
+_SXID_RE = re.compile(
+    r"(nvidia-nvswitch\d{1,3}): SXid \(PCI:([0-9a-fA-F:.]{7,16})\): (\d{1,6}), "
+    r"(Fatal|Non-fatal|Correctable), (.*)"
 )
 KERNEL_FACILITY = 0
+FALLEN_OFF_BUS = 79
+NVLINK5_XIDS = range(144, 151)
+RECOVERY_ACTION_CHANGED = 154
 # The kernel's records are at most 1 KiB of text (PRINTK_MESSAGE_MAX); a read
 # of /dev/kmsg with a smaller buffer fails with EINVAL.
 READ_BYTES = 16384
+# A /dev/kmsg record with its escapes is at most CONSOLE_EXT_LOG_MAX (8 KiB):
+# a longer line is no record, and is skipped unparsed.
+MAX_LINE_CHARS = 8192
 # Reads per poll at most: the ring holds a few thousand records, and a file
 # that never stops growing must not hold the poll.
 MAX_READS = 10_000
-# Seconds a logged XID waits for NVML's event of it before it counts alone.
-GRACE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
 class KernelXid:
-    """One `NVRM: Xid` line: the GPU's PCI address (`0000:18:00`), the XID,
-    the kernel's time of it (seconds since boot) and its sequence number."""
+    """One XID record: the GPU's PCI address (`0000:18:00`), the XID, what its
+    line adds to the code, the kernel's time of it (seconds since boot) and
+    its sequence number."""
 
     address: str
     code: int
     uptime: float
     sequence: int
+    nvlink: NvlinkXidDetail | None = None
+    recovery_action: int | None = None
 
 
-def parse_xid_record(line: str) -> KernelXid | None:
-    """A kmsg record's XID, or None for any other record (or a line that is none).
+@dataclass(frozen=True)
+class KernelSxid:
+    """One NVSwitch error's record: the switch (`nvidia-nvswitch3`), its PCI
+    address, the SXid, the driver's word for it, the rest of its line."""
+
+    switch: str
+    address: str
+    code: int
+    severity: str
+    description: str
+    uptime: float
+    sequence: int
+
+
+KernelRecord = KernelXid | KernelSxid
+
+
+@dataclass(frozen=True)
+class _Header:
+    sequence: int
+    uptime: float
+    message: str
+
+
+def _header(line: str) -> _Header | None:
+    """A kernel record's sequence, time and unescaped message; None for any
+    other line.
 
     Only the kernel's own records count: their facility is 0, and the kernel
     gives every record a process writes to /dev/kmsg a facility of at least
@@ -86,15 +141,72 @@ def parse_xid_record(line: str) -> KernelXid | None:
     userspace-injected ones" (kernel/printk/printk.c, devkmsg_write), so a
     forged `NVRM: Xid` line cannot condemn a GPU.
     """
+    if len(line) > MAX_LINE_CHARS:
+        return None
     record = _RECORD_RE.match(line)
     if record is None or int(record.group(1)) >> 3 != KERNEL_FACILITY:
         return None
-    xid = _XID_RE.search(record.group(4))
-    if xid is None:
-        return None
-    domain, bus, device, code = xid.groups()
-    address = f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
-    return KernelXid(address, int(code), int(record.group(3)) / 1e6, int(record.group(2)))
+    return _Header(int(record.group(2)), int(record.group(3)) / 1e6, _unescaped(record.group(4)))
+
+
+def _unescaped(message: str) -> str:
+    """The message as printk had it: devkmsg writes each byte below 0x20, from
+    0x7f on, and the backslash as `\\xHH`."""
+    if "\\x" not in message:
+        return message
+    raw = _ESCAPE_RE.sub(lambda escape: bytes([int(escape.group(1), 16)]), message.encode())
+    return raw.decode("utf-8", "replace")
+
+
+def parse_record(line: str) -> KernelRecord | None:
+    """A kmsg record's XID or SXid, or None for any other record (or a line
+    that is none)."""
+    header = _header(line)
+    return _parse_message(header) if header is not None else None
+
+
+def _parse_message(header: _Header) -> KernelRecord | None:
+    message = header.message
+    sxid = _SXID_RE.search(message)
+    if sxid is not None:
+        switch, address, code, severity, description = sxid.groups()
+        return KernelSxid(
+            switch,
+            address.lower(),
+            int(code),
+            severity,
+            description.strip(),
+            header.uptime,
+            header.sequence,
+        )
+    xid = _XID_RE.search(message)
+    if xid is not None:
+        return _xid(xid, header)
+    fallen = _FALLEN_RE.search(message) or _PROBE_FALLEN_RE.search(message)
+    if fallen is not None:
+        address = _address(*fallen.groups())
+        return KernelXid(address, FALLEN_OFF_BUS, header.uptime, header.sequence)
+    return None
+
+
+def _xid(xid: re.Match[str], header: _Header) -> KernelXid:
+    domain, bus, device, number = xid.groups()
+    code = int(number)
+    rest = header.message[xid.end() :]
+    nvlink = None
+    if code in NVLINK5_XIDS and (tail := _NVLINK_RE.search(rest)) is not None:
+        unit, word, link, intrinfo, status = tail.groups()
+        fatal = word == "Fatal"
+        nvlink = NvlinkXidDetail(unit, fatal, int(link), int(intrinfo, 16), int(status, 16))
+    action = None
+    if code == RECOVERY_ACTION_CHANGED and (changed := _RECOVERY_RE.search(rest)) is not None:
+        action = int(changed.group(1), 16)
+    address = _address(domain, bus, device)
+    return KernelXid(address, code, header.uptime, header.sequence, nvlink, action)
+
+
+def _address(domain: str | None, bus: str, device: str) -> str:
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
 
 
 def nvml_address(bus_id: str) -> str | None:
@@ -108,12 +220,14 @@ def nvml_address(bus_id: str) -> str | None:
 
 
 def system_uptime() -> float:
-    """Seconds since boot on the clock the kernel log's times are on."""
+    """Seconds since boot on the clock nearest the kernel log's (printk's own
+    is not readable from user space): only to stamp records from before the
+    start."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
 class KernelLog:
-    """The XID lines of a kmsg device (or file, or FIFO), read as they come."""
+    """The driver records of a kmsg device (or file, or FIFO), read as they come."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -122,23 +236,28 @@ class KernelLog:
         self._reported: set[str] = set()
         self._last_sequence: int | None = None
 
-    def read(self) -> list[KernelXid]:
-        """The XIDs logged since the last read (all of the ring at the first)."""
+    def read(self) -> list[KernelRecord]:
+        """The records logged since the last read (all of the ring at the first)."""
         if self._descriptor is None and not self._open():
             return []
-        text = self._drain()
-        lines = (self._partial + text).split("\n")
+        lines = (self._partial + self._drain()).split("\n")
         self._partial = lines.pop()
-        xids = [xid for xid in map(parse_xid_record, lines) if xid is not None]
-        return self._new(xids)
+        if len(self._partial) > MAX_LINE_CHARS:
+            self._partial = ""  # no record is that long: never one to finish
+        records = []
+        for header in filter(None, map(_header, lines)):
+            if self._new(header.sequence) and (record := _parse_message(header)) is not None:
+                records.append(record)
+        return records
 
-    def _new(self, xids: list[KernelXid]) -> list[KernelXid]:
-        """Drop records already seen (a file re-read from the start after it was
-        replaced) by their sequence numbers, which only grow within a boot."""
-        fresh = [x for x in xids if self._last_sequence is None or x.sequence > self._last_sequence]
-        if xids:
-            self._last_sequence = max(self._last_sequence or 0, *(x.sequence for x in xids))
-        return fresh
+    def _new(self, sequence: int) -> bool:
+        """Whether a record is not one already seen (a file re-read from the
+        start after it was replaced), by its sequence number, which only
+        grows within a boot."""
+        if self._last_sequence is not None and sequence <= self._last_sequence:
+            return False
+        self._last_sequence = sequence
+        return True
 
     def _open(self) -> bool:
         try:
@@ -192,80 +311,3 @@ class KernelLog:
         if self._descriptor is not None:
             os.close(self._descriptor)
             self._descriptor = None
-
-
-class KernelXids:
-    """Merges the kernel log's XIDs with NVML's events (see the module's docstring).
-
-    `registered_uptime` is the kernel time just before NVML's XID registration;
-    `uptime` gives the kernel time now, to stamp a logged XID on `clock`.
-    """
-
-    def __init__(
-        self,
-        path: str,
-        clock: Clock,
-        registered_uptime: float,
-        uptime: Callable[[], float] = system_uptime,
-    ) -> None:
-        self._log = KernelLog(path)
-        self._clock = clock
-        self._registered = registered_uptime
-        self._uptime = uptime
-        self._nvml: Counter[tuple[int, int]] = Counter()
-        self._logged: Counter[tuple[int, int]] = Counter()
-        self._pending: list[tuple[tuple[int, int], float, str | None]] = []
-        self._unknown: set[str] = set()
-
-    def merge(
-        self, nvml_events: Iterable[XidEvent], gpus: Mapping[str, tuple[int, str | None]]
-    ) -> tuple[XidEvent, ...]:
-        """The logged XIDs to add to this poll's NVML events. `gpus`: each GPU's
-        PCI address (`nvml_address`) to its index and UUID."""
-        for event in nvml_events:
-            self._nvml[(event.gpu, event.code)] += 1
-        now = self._clock.now()
-        uptime_now = self._uptime()
-        added: list[XidEvent] = []
-        for xid in self._log.read():
-            gpu = gpus.get(xid.address)
-            if gpu is None:
-                self._unnamed(xid)
-                continue
-            # The kernel's time of the line, on the daemon's clock.
-            when = now - max(0.0, uptime_now - xid.uptime)
-            if xid.uptime < self._registered:
-                added.append(XidEvent(gpu[0], xid.code, when, gpu[1]))
-            else:
-                self._pending.append(((gpu[0], xid.code), when, gpu[1]))
-        added.extend(self._unreported(now))
-        return tuple(added)
-
-    def _unreported(self, now: float) -> list[XidEvent]:
-        """Logged XIDs past their grace that NVML has not reported as many of."""
-        waiting: list[tuple[tuple[int, int], float, str | None]] = []
-        added: list[XidEvent] = []
-        for key, when, uuid in self._pending:
-            if when > now - GRACE_SECONDS:
-                waiting.append((key, when, uuid))
-                continue
-            self._logged[key] += 1
-            if self._logged[key] > self._nvml[key]:
-                # NVML missed this one: count it, and count it as reported.
-                self._nvml[key] += 1
-                added.append(XidEvent(key[0], key[1], when, uuid))
-        self._pending = waiting
-        return added
-
-    def _unnamed(self, xid: KernelXid) -> None:
-        if xid.address in self._unknown:
-            return
-        self._unknown.add(xid.address)
-        log.warning(
-            "kernel log: XID %d on PCI %s, which is no GPU NVML lists; not counted",
-            xid.code,
-            xid.address,
-        )
-
-    def close(self) -> None:
-        self._log.close()

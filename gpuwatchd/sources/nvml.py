@@ -103,10 +103,12 @@ from gpuwatchd.model import (
     LinkSample,
     NvmlUnavailable,
     Reading,
+    SxidEvent,
     XidEvent,
 )
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
-from gpuwatchd.sources.kmsg import KernelXids, nvml_address, system_uptime
+from gpuwatchd.sources.kernel_xids import KernelXids
+from gpuwatchd.sources.kmsg import nvml_address, system_uptime
 from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
 
 log = logging.getLogger(__name__)
@@ -1615,8 +1617,9 @@ class NvmlSource:
         uptime: Callable[[], float] = system_uptime,
         sysfs_root: str = "/sys",
     ) -> None:
-        """`uptime`: seconds since boot on the kernel log's clock (injected by
-        the simulator, whose node booted when its scenario says)."""
+        """`uptime`: seconds since boot on the kernel log's clock, to stamp the
+        records from before the start (injected by the simulator, whose node
+        booted when its scenario says)."""
         self._clock = clock
         self._config = config
         self._uvm_module = os.path.join(sysfs_root, "module", "nvidia_uvm")
@@ -1660,12 +1663,11 @@ class NvmlSource:
             self._identify(gpu)
         self._availability.flush()
         config = self._config
-        # Before registering: a logged XID older than this NVML cannot report.
-        registered = self._uptime()
+        # Before registering: what the kernel log holds now, NVML never reports.
+        if config.kernel_log:
+            self._kernel = KernelXids(config.kernel_log, self._clock, self._uptime)
         if config.xid_events:
             self._xids = _XidListener(self._clock, self._gpus, self._xid_thread)
-        if config.kernel_log:
-            self._kernel = KernelXids(config.kernel_log, self._clock, registered, self._uptime)
         log.info("NVML: %d GPU(s), driver %s", count, self._driver_version or "unknown")
         log.info(
             "clocks-event counters: %s",
@@ -1731,8 +1733,10 @@ class NvmlSource:
         if unavailable is not None:
             return unavailable
         events = self._xids.drain() if self._xids is not None else ()
+        sxids: tuple[SxidEvent, ...] = ()
         if self._kernel is not None:
-            events += self._kernel.merge(events, self._addresses())
+            logged = self._kernel.merge(events, self._addresses())
+            events, sxids = logged.xids, logged.sxids
         for event in events:
             self._gpus[event.gpu].xid_counts[event.code] += 1
         gpus = tuple(self._sample(gpu, now) for gpu in self._gpus)
@@ -1742,6 +1746,7 @@ class NvmlSource:
             time=now,
             gpus=gpus,
             xid_events=events,
+            sxid_events=sxids,
             driver_version=self._driver_version,
             # CUDA's module: without it no CUDA program (a canary) starts.
             nvidia_uvm_loaded=os.path.isdir(self._uvm_module) if gpus else None,
