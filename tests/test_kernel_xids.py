@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import re
+import tracemalloc
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,6 +164,66 @@ def test_a_line_longer_than_any_record_is_dropped_and_the_next_is_read(tmp_path:
     with path.open("a") as file:
         file.write("\n" + record(2, 2.0, xid_line(GPU1, 48)))
     assert [x.code for x in log.read() if isinstance(x, KernelXid)] == [48]
+
+
+def _xid_codes(log: KernelLog) -> list[int]:
+    return [x.code for x in log.read() if isinstance(x, KernelXid)]
+
+
+def test_a_record_with_a_5000_digit_field_is_skipped_and_the_valid_one_beside_it_read(
+    tmp_path: Path,
+) -> None:
+    # Review adversarial-2, row 243: the absurd record failed the whole poll.
+    path = tmp_path / "kmsg"
+    absurd = "3,1," + "9" * 5000 + ",-;" + xid_line(GPU0, 79) + "\n"
+    path.write_text(absurd + record(2, 2.0, xid_line(GPU1, 95)))
+    assert _xid_codes(KernelLog(str(path))) == [95]
+
+
+def test_an_unterminated_30_mb_line_holds_no_more_than_a_record_and_the_next_is_read(
+    tmp_path: Path,
+) -> None:
+    # Row 244: the line was kept whole (30 MB, +60 MB resident).
+    path = tmp_path / "kmsg"
+    with path.open("w") as file:
+        file.write("3,1,1,-;")
+        for _ in range(30):
+            file.write("x" * (1 << 20))
+    log = KernelLog(str(path))
+    tracemalloc.start()
+    try:
+        assert log.read() == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    with path.open("a") as file:
+        file.write("\n" + record(2, 2.0, xid_line(GPU1, 79)))
+    assert _xid_codes(log) == [79]
+
+
+def test_a_record_with_a_huge_sequence_does_not_hide_the_records_after_it(
+    tmp_path: Path,
+) -> None:
+    # Row 245: a record (for no GPU) with sequence 10^18 hid every later XID.
+    path = tmp_path / "kmsg"
+    path.write_text(record(10**18, 1.0, xid_line("0000:ee:00", 48)))
+    log = KernelLog(str(path))
+    assert _xid_codes(log) == [48]
+    with path.open("a") as file:
+        file.write(record(7, 2.0, xid_line(GPU0, 79)))
+    assert _xid_codes(log) == [79]
+
+
+def test_the_ring_read_again_after_a_reopen_is_not_counted_twice(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_text(record(1, 1.0, xid_line(GPU0, 79)))
+    log = KernelLog(str(path))
+    assert _xid_codes(log) == [79]
+    log.close()  # as after a failed read: the next read opens it again
+    with path.open("a") as file:
+        file.write(record(2, 2.0, xid_line(GPU1, 48)))
+    assert _xid_codes(log) == [48]
 
 
 def test_a_fifo_is_read_without_blocking(tmp_path: Path) -> None:

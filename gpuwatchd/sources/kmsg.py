@@ -44,11 +44,13 @@ The forms read (real ones, with their sources, are tests/fixtures/kmsg/):
 
 from __future__ import annotations
 
+import codecs
 import errno
 import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwatchd.model import NvlinkXidDetail
@@ -233,33 +235,50 @@ class KernelLog:
         self.path = path
         self._descriptor: int | None = None
         self._partial = ""
+        # A line past MAX_LINE_CHARS is dropped up to its end, wherever that is.
+        self._dropping = False
         self._reported: set[str] = set()
-        self._last_sequence: int | None = None
+        # The last record read, and what had been read when the log was
+        # opened again (its records come again from the start of the ring).
+        self._last_sequence = -1
+        self._read_before: int | None = None
+        # Incremental: a character split between two reads is decoded whole.
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def read(self) -> list[KernelRecord]:
-        """The records logged since the last read (all of the ring at the first)."""
+        """The records logged since the last read (all of the ring at the first).
+        Holds at most one chunk and one record's worth of text: a line longer
+        than any record is dropped as it comes, however long it grows."""
         if self._descriptor is None and not self._open():
             return []
-        lines = (self._partial + self._drain()).split("\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE_CHARS:
-            self._partial = ""  # no record is that long: never one to finish
         records = []
-        for header in filter(None, map(_header, lines)):
-            if self._new(header.sequence) and (record := _parse_message(header)) is not None:
-                records.append(record)
+        for chunk in self._drain():
+            for header in filter(None, map(_header, self._lines(chunk))):
+                if self._new(header.sequence) and (record := _parse_message(header)) is not None:
+                    records.append(record)
         return records
 
+    def _lines(self, chunk: str) -> list[str]:
+        """The whole lines `chunk` ends, with what came before it."""
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        if self._dropping and lines:
+            lines, self._dropping = lines[1:], False
+        if len(self._partial) > MAX_LINE_CHARS:
+            self._partial, self._dropping = "", True  # no record is that long
+        return lines
+
     def _new(self, sequence: int) -> bool:
-        """Whether a record is not one already seen (a file re-read from the
-        start after it was replaced), by its sequence number, which only
-        grows within a boot."""
-        if self._last_sequence is not None and sequence <= self._last_sequence:
-            return False
-        self._last_sequence = sequence
-        return True
+        """Whether a record is not one already read: after the log was opened
+        again, the ring's records up to the last one read come again. Within
+        one open the kernel gives each record once, so no sequence, however
+        large (a forged file's), hides the records after it."""
+        self._last_sequence = max(self._last_sequence, sequence)
+        return self._read_before is None or sequence > self._read_before
 
     def _open(self) -> bool:
+        if self._last_sequence >= 0:
+            self._read_before = self._last_sequence
         try:
             self._descriptor = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as error:
@@ -277,9 +296,8 @@ class KernelLog:
             return False
         return True
 
-    def _drain(self) -> str:
+    def _drain(self) -> Iterator[str]:
         assert self._descriptor is not None
-        chunks: list[bytes] = []
         for _ in range(MAX_READS):
             try:
                 chunk = os.read(self._descriptor, READ_BYTES)
@@ -299,8 +317,7 @@ class KernelLog:
                 break
             if not chunk:
                 break
-            chunks.append(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
+            yield self._decoder.decode(chunk)
 
     def _say_once(self, key: str, message: str) -> None:
         if key not in self._reported:
