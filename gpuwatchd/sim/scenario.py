@@ -50,6 +50,7 @@ import pynvml
 import yaml
 
 from gpuwatchd import capture as captures
+from gpuwatchd import capture_file
 from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
 from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
 from gpuwatchd.sources.infiniband import COUNTER_BITS
@@ -238,8 +239,8 @@ def _require_int(value: Any, what: str, where: str) -> int:
 def captured_shape(path: str, name: str) -> NodeShape:
     """The shape of the node a capture file holds."""
     try:
-        document = captures.load(path)
-    except captures.CaptureError as error:
+        document = capture_file.load(path)
+    except capture_file.CaptureError as error:
         raise ScenarioError(f"{name}: node: {error}") from error
     gpus = captures.gpu_documents(document)
     models = [captures.first_value(gpu, "nvmlDeviceGetName") for gpu in gpus]
@@ -541,11 +542,13 @@ def load(name_or_path: str | None) -> Scenario:
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         try:
-            text = read_text(str(path))
+            # A capture is run as it is, and may be larger than a scenario
+            # (parse refuses a scenario past its own limit).
+            text = read_text(str(path), capture_file.MAX_BYTES)
         except SettingsError as error:
             known = ", ".join(builtin_names())
             raise ScenarioError(f"{name}: {error.problem} (built-in scenarios: {known})") from error
-        if captures.is_capture(text):
+        if capture_file.is_capture(text):
             return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
