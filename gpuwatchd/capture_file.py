@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 import pynvml
 
-from gpuwatchd.settings import SettingsError, read_text
+from gpuwatchd.settings import SettingsError, read_text, shown
 
 FORMAT = "gpuwatchd-capture"
 VERSION = 1
@@ -82,7 +82,7 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CaptureError(f'{path}: not a gpuwatchd capture (no "format": "{FORMAT}")')
     if document.get("version") != VERSION:
         raise CaptureError(
-            f"{path}: capture format version {_shown(document.get('version'))}; "
+            f"{path}: capture format version {shown(document.get('version'))}; "
             f"this gpuwatchd reads version {VERSION}"
         )
     try:
@@ -133,14 +133,14 @@ def _no_constant(name: str) -> NoReturn:
 def _finite(text: str) -> float:
     number = float(text)
     if number in (float("inf"), float("-inf")):
-        raise _Invalid("(a number)", f"{_shown(text)} is too large for a double")
+        raise _Invalid("(a number)", f"{shown(text)} is too large for a double")
     return number
 
 
 def _in_64_bits(text: str) -> int:
     number = int(text)
     if not -(2**63) <= number < 2**64:
-        raise _Invalid("(a number)", f"{_shown(text)} does not fit in 64 bits")
+        raise _Invalid("(a number)", f"{shown(text)} does not fit in 64 bits")
     return number
 
 
@@ -149,19 +149,9 @@ def _in_64_bits(text: str) -> int:
 Shape = Callable[[Any, str], None]
 
 
-def _shown(value: Any) -> str:
-    """A value for a message: its kind for a list or object, else the start of its repr."""
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}..."
-
-
 def _object(value: Any, where: str, most: int | None = None) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _Invalid(where, f"expected an object, got {_shown(value)}")
+        raise _Invalid(where, f"expected an object, got {shown(value)}")
     if most is not None and len(value) > most:
         raise _Invalid(where, f"more than {most} entries")
     return value
@@ -169,7 +159,7 @@ def _object(value: Any, where: str, most: int | None = None) -> dict[str, Any]:
 
 def _list(value: Any, where: str, most: int) -> list[Any]:
     if not isinstance(value, list):
-        raise _Invalid(where, f"expected a list, got {_shown(value)}")
+        raise _Invalid(where, f"expected a list, got {shown(value)}")
     if len(value) > most:
         raise _Invalid(where, f"more than {most} entries")
     return value
@@ -177,13 +167,13 @@ def _list(value: Any, where: str, most: int) -> list[Any]:
 
 def _whole(value: Any, where: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _Invalid(where, f"expected a whole number {low} to {high}, got {_shown(value)}")
+        raise _Invalid(where, f"expected a whole number {low} to {high}, got {shown(value)}")
     return value
 
 
 def _flag(value: Any, where: str) -> None:
     if not isinstance(value, bool):
-        raise _Invalid(where, f"expected true or false, got {_shown(value)}")
+        raise _Invalid(where, f"expected true or false, got {shown(value)}")
 
 
 def _text(most: int) -> Shape:
@@ -191,9 +181,7 @@ def _text(most: int) -> Shape:
 
     def check(value: Any, where: str) -> None:
         if not isinstance(value, str) or not value.isprintable() or len(value) > most:
-            raise _Invalid(
-                where, f"expected text of at most {most} characters, got {_shown(value)}"
-            )
+            raise _Invalid(where, f"expected text of at most {most} characters, got {shown(value)}")
 
     return check
 
@@ -201,7 +189,7 @@ def _text(most: int) -> Shape:
 def _matching(pattern: re.Pattern[str], example: str) -> Shape:
     def check(value: Any, where: str) -> None:
         if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise _Invalid(where, f"expected text such as {example}, got {_shown(value)}")
+            raise _Invalid(where, f"expected text such as {example}, got {shown(value)}")
 
     return check
 
@@ -276,7 +264,7 @@ VALUE_SHAPES: Mapping[str, Shape] = {
     "nvmlDeviceGetRowRemapperHistogram": _values_of(_U32),
     "nvmlDeviceGetSramEccErrorStatus": _struct({"bThresholdExceeded": _U32}),
 }
-_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
+_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
 _SUCCESS: int = pynvml.NVML_SUCCESS
 
 
@@ -313,7 +301,7 @@ def _check_call(call: Any, where: str) -> None:
     function = call.get("function")
     if not isinstance(function, str) or not _FUNCTION.fullmatch(function):
         raise _Invalid(
-            f"{where}.function", f"expected an NVML function's name, got {_shown(function)}"
+            f"{where}.function", f"expected an NVML function's name, got {shown(function)}"
         )
     args = _list(call.get("args"), f"{where}.args", MAX_ARGS)
     for position, arg in enumerate(args):
@@ -325,7 +313,7 @@ def _check_call(call: Any, where: str) -> None:
     if function == "nvmlDeviceGetNvLinkState":
         if len(args) != 1:
             raise _Invalid(f"{where}.args", "expected [link]")
-        _whole(args[0], f"{where}.args[0]", 0, _LINKS - 1)
+        _whole(args[0], f"{where}.args[0]", 0, _MAX_LINKS - 1)
     shape = VALUE_SHAPES.get(function)
     for position, answer in enumerate(_list(call.get("answers"), f"{where}.answers", MAX_ANSWERS)):
         _check_answer(answer, f"{where}.answers[{position}]", shape)
@@ -356,7 +344,7 @@ def _check_field(entry: Any, where: str) -> None:
 def _field_value(value: Any, where: str) -> None:
     """A number, or the hex of a union whose type the binding has no member for."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise _Invalid(where, f"expected a number, got {_shown(value)}")
+        raise _Invalid(where, f"expected a number, got {shown(value)}")
 
 
 def _check_infiniband(infiniband: Mapping[str, Any]) -> None:
@@ -364,7 +352,7 @@ def _check_infiniband(infiniband: Mapping[str, Any]) -> None:
         _flag(infiniband["present"], "infiniband.present")
     files = _object(infiniband.get("files", {}), "infiniband.files", MAX_IB_FILES)
     for relative, answer in files.items():
-        where = f"infiniband.files[{_shown(relative)}]"
+        where = f"infiniband.files[{shown(relative)}]"
         _check_relative(relative, where)
         _check_file_answer(answer, where)
     _check_no_file_is_a_folder(files)
@@ -373,7 +361,7 @@ def _check_infiniband(infiniband: Mapping[str, Any]) -> None:
         raise _Invalid("infiniband.files", f"more than {MAX_HCAS} HCAs")
     folders = _object(infiniband.get("folders", {}), "infiniband.folders", MAX_IB_FILES)
     for relative, answer in folders.items():
-        where = f"infiniband.folders[{_shown(relative)}]"
+        where = f"infiniband.folders[{shown(relative)}]"
         if relative != ".":  # class/infiniband itself
             _check_relative(relative, where)
         _check_file_answer(answer, where)
@@ -399,7 +387,7 @@ def _check_file_answer(answer: Any, where: str) -> None:
     _object(answer, where)
     if "text" in answer:
         if not isinstance(answer["text"], str):
-            raise _Invalid(f"{where}.text", f"expected text, got {_shown(answer['text'])}")
+            raise _Invalid(f"{where}.text", f"expected text, got {shown(answer['text'])}")
         return
     _whole(answer.get("errno"), f"{where}.errno", 0, 4095)
     if "error" in answer:
@@ -412,5 +400,5 @@ def _check_no_file_is_a_folder(files: Mapping[str, Any]) -> None:
     both = sorted(above & set(files))
     if both:
         raise _Invalid(
-            f"infiniband.files[{_shown(both[0])}]", "both a file and a folder of other files"
+            f"infiniband.files[{shown(both[0])}]", "both a file and a folder of other files"
         )

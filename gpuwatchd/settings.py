@@ -153,7 +153,7 @@ class _Loader:
         except OverflowError:
             number = math.inf
         if not math.isfinite(number):
-            self.fail(node, key, f"expected a finite number, got {_shown(value)}")
+            self.fail(node, key, f"expected a finite number, got {shown(value)}")
         return number
 
     def dataclass(self, cls: type[T], node: yaml.Node, key: str) -> T:
@@ -259,8 +259,11 @@ def check_yaml_limits(text: str, filename: str) -> None:
         raise _invalid(filename, error) from error
 
 
-def _shown(value: object) -> str:
-    """A value for a message: the start of its repr, never the whole of a long one."""
+def shown(value: object) -> str:
+    """A value for a message: its kind for a list or mapping, else the start
+    of its repr, never the whole of a long one (a file's value is anyone's)."""
+    if isinstance(value, list | dict):
+        return f"a {type(value).__name__}"
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:40]}..."
 

@@ -94,7 +94,7 @@ GPU0 = ("nvml", "gpus", 0)
             "nvml.gpus[0].index: expected a whole number 0 to 63, got 'x'",
         ),
         # Row 257.
-        (_set(("nvml", "gpus"), {"0": {}}), "nvml.gpus: expected a list, got an object"),
+        (_set(("nvml", "gpus"), {"0": {}}), "nvml.gpus: expected a list, got a dict"),
         # Row 258.
         (_set((*GPU0, "calls"), 5), "nvml.gpus[0].calls: expected a list, got 5"),
         # Row 259.
@@ -102,7 +102,7 @@ GPU0 = ("nvml", "gpus", 0)
         # Row 260.
         (
             _answer("nvmlDeviceGetName", {"value": {"name": "H100"}}),
-            ".value: expected text of at most 96 characters, got an object",
+            ".value: expected text of at most 96 characters, got a dict",
         ),
         # Row 262 held (it ran): a return code of 10^30 is now refused as one.
         (_set((*GPU0, "calls", 0, "answers"), [{"return": 10**30}]), "does not fit in 64 bits"),

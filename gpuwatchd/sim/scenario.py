@@ -52,7 +52,7 @@ import yaml
 from gpuwatchd import capture as captures
 from gpuwatchd import capture_file
 from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
-from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
+from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text, shown
 from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
@@ -255,25 +255,17 @@ def captured_shape(path: str, name: str) -> NodeShape:
     )
 
 
-def _short(value: Any) -> str:
-    """A value for a message: the start of its repr, never the whole of a big one."""
-    if isinstance(value, list | dict):
-        return f"a {type(value).__name__}"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}..."
-
-
 def _require_text(value: Any, what: str, where: str) -> str:
     if not isinstance(value, str):
-        raise ScenarioError(f"{where}: {what} must be text, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} must be text, got {shown(value)}")
     return value
 
 
 def _require_number(value: Any, what: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ScenarioError(f"{where}: {what} must be a number, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} must be a number, got {shown(value)}")
     if isinstance(value, int) and abs(value) > 2**53:
-        raise ScenarioError(f"{where}: {what} is out of range, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} is out of range, got {shown(value)}")
     return float(value)
 
 
@@ -334,7 +326,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         raise ScenarioError(f"{label}: expected a mapping such as {{at: 10s, kind: xid, ...}}")
     kind = raw.get("kind")
     if not isinstance(kind, str):
-        raise ScenarioError(f"{label}: kind must be text such as xid, got {_short(kind)}")
+        raise ScenarioError(f"{label}: kind must be text such as xid, got {shown(kind)}")
     label = f"{label} ({kind})" if kind else label
     if kind not in FAULT_FIELDS:
         known = ", ".join(sorted(FAULT_FIELDS))
@@ -518,7 +510,7 @@ def parse(text: str, name: str = "scenario", directory: str | None = None) -> Sc
     node = _parse_node(raw.get("node"), name, directory)
     seed = _require_int(raw.get("seed", 1), "seed", name)
     if not 0 <= seed < 2**64:
-        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {_short(seed)}")
+        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {shown(seed)}")
     faults_raw = raw.get("faults") or []
     if not isinstance(faults_raw, list):
         raise ScenarioError(f"{name}: faults must be a list")
