@@ -7,7 +7,7 @@ and its value (ctypes structs as plain data, device handles as GPU indices)
 or its NVML return code, and per (field id, scope id) each field value's own
 return code, value type and value. The InfiniBand part is the files the IB
 source reads under `<sysfs_root>/class/infiniband`, each with its text or the
-errno its read failed with.
+errno its read failed with; never one a symlink leads to outside that root.
 
 The file holds nothing from the environment, no host name and no time of
 its own (NVML's timestamps stay as answered): driver and binding versions,
@@ -23,25 +23,26 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import pynvml
 
 from gpuwatchd import __version__
+from gpuwatchd.capture_file import FORMAT, VERSION
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.sources import NvmlSourceConfig, SourceUnavailable
 from gpuwatchd.sources import nvml as nvml_source
 from gpuwatchd.sources.infiniband import CLASS_PATH, DEVICE_FILES, read_attribute
 
-FORMAT = "gpuwatchd-capture"
-VERSION = 1
 DEFAULT_POLLS = 2
+
+log = logging.getLogger(__name__)
 
 # What the IB source reads under each port besides DEVICE_FILES per device:
 # these files, and every file in these folders.
@@ -68,10 +69,6 @@ if hasattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT"):  # absent before nvidia-ml
     _VALUE_MEMBERS[pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT] = "usVal"
 
 Answer = dict[str, Any]
-
-
-class CaptureError(ValueError):
-    """A capture file that cannot be used; the message names the file."""
 
 
 def _add(answers: list[Answer], answer: Answer) -> None:
@@ -268,27 +265,53 @@ def _listing(path: str, errors: dict[str, Answer], relative: str) -> list[str]:
 
 
 def capture_infiniband(sysfs_root: str) -> dict[str, Any]:
-    """The files the IB source reads, by path under class/infiniband."""
+    """The files the IB source reads, by path under class/infiniband. A file
+    or folder a symlink leads to outside `sysfs_root` is left out (and said
+    once): a capture holds the tree it was asked for, nothing from elsewhere."""
     class_dir = os.path.join(sysfs_root, *CLASS_PATH)
     if not os.path.isdir(class_dir):
         return {"present": False, "files": {}, "folders": {}}
+    root = os.path.realpath(sysfs_root)
     files: dict[str, Answer] = {}
     folders: dict[str, Answer] = {}
+    outside: list[str] = []
+
+    def inside(relative: str) -> bool:
+        path = os.path.realpath(os.path.join(class_dir, relative))
+        if os.path.commonpath([root, path]) == root:
+            return True
+        outside.append(relative)
+        return False
+
+    def listing(relative: str) -> list[str]:
+        if not inside(relative):
+            return []
+        return _listing(os.path.join(class_dir, relative), folders, relative)
 
     def read_all(relative: str, names: Iterable[str]) -> None:
         for name in names:
-            files[f"{relative}/{name}"] = _read(os.path.join(class_dir, relative, name))
+            path = f"{relative}/{name}"
+            if inside(path):
+                files[path] = _read(os.path.join(class_dir, path))
 
-    for device in _listing(class_dir, folders, "."):
+    for device in listing("."):
         read_all(device, DEVICE_FILES)
         ports = f"{device}/ports"
-        for port in _listing(os.path.join(class_dir, ports), folders, ports):
+        for port in listing(ports):
             if not port.isdigit():
                 continue
             read_all(f"{ports}/{port}", PORT_FILES)
             for folder in COUNTER_FOLDERS:
                 relative = f"{ports}/{port}/{folder}"
-                read_all(relative, _listing(os.path.join(class_dir, relative), folders, relative))
+                read_all(relative, listing(relative))
+    if outside:
+        log.warning(
+            "left out of the capture: %d path(s) under %s that a symlink leads out of %s: %s",
+            len(outside),
+            class_dir,
+            sysfs_root,
+            ", ".join(outside),
+        )
     return {"present": True, "files": files, "folders": folders}
 
 
@@ -363,33 +386,6 @@ def dumps(document: Mapping[str, Any]) -> str:
     return json.dumps(document, indent=1, sort_keys=True) + "\n"
 
 
-def is_capture(text: str) -> bool:
-    """Whether a file's text is a capture (of any version)."""
-    try:
-        document = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(document, dict) and document.get("format") == FORMAT
-
-
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A capture file, checked to be one this version reads."""
-    try:
-        document = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise CaptureError(f"{path}: cannot read: {error.strerror}") from error
-    except ValueError as error:
-        raise CaptureError(f"{path}: not a capture (not JSON: {error})") from error
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise CaptureError(f'{path}: not a gpuwatchd capture (no "format": "{FORMAT}")')
-    if document.get("version") != VERSION:
-        raise CaptureError(
-            f"{path}: capture format version {document.get('version')!r}; "
-            f"this gpuwatchd reads version {VERSION}"
-        )
-    return document
-
-
 # -- reading a capture ---------------------------------------------------------
 
 
@@ -424,6 +420,15 @@ def first_field(gpu: Mapping[str, Any], field_id: int, scope: int = 0) -> Answer
             answer: Answer = entry["answers"][0]
             return answer
     return None
+
+
+def first_field_number(gpu: Mapping[str, Any], field_id: int, scope: int = 0) -> int | None:
+    """A field's first value as a whole number; None when refused or not asked,
+    or when it holds the bytes of a value type the binding could not read."""
+    answer = first_field(gpu, field_id, scope)
+    if answer is None or not succeeded(answer) or isinstance(answer["value"], str):
+        return None
+    return int(answer["value"])
 
 
 def nvlinks(gpu: Mapping[str, Any]) -> tuple[int, ...]:

@@ -31,6 +31,21 @@ SOURCE_NAMES = ("nvml", "infiniband", "pcie", "canary")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # A shorter interval is a busy loop, not monitoring.
 MIN_POLL_INTERVAL = 0.1
+# The journal is pruned once an hour; a shorter retention (0 deletes at the
+# next prune the findings that explain a quarantine, before anyone reads them)
+# keeps less than an operator needs to see why a GPU was taken away.
+MIN_JOURNAL_RETENTION = 3600.0
+# A write's body is a few hundred bytes of JSON (a reason, an operator); each
+# of the listener's 256 connections may hold one, so 1 MiB bounds them at 256 MiB.
+MAX_BODY_BYTES = 1 << 20
+
+
+def _retention(seconds: float) -> None:
+    if seconds < MIN_JOURNAL_RETENTION:
+        raise ValueError(
+            f"journal_retention must be at least {format_duration(MIN_JOURNAL_RETENTION)} "
+            "(the journal explains the daemon's decisions; it is pruned hourly)"
+        )
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -56,7 +71,7 @@ class DaemonConfig:
     log_level: str = "info"
     # Journal entries older than this are deleted (hourly), so that the state
     # database stays bounded; gpuwatchd's own drain records are kept.
-    journal_retention: Seconds = 90 * 86400.0
+    journal_retention: Annotated[Seconds, Check(_retention)] = 90 * 86400.0
 
     def __post_init__(self) -> None:
         if self.poll_interval < MIN_POLL_INTERVAL:
@@ -72,6 +87,13 @@ class SourcesConfig:
     nvml: NvmlSourceConfig = field(default_factory=NvmlSourceConfig)
     infiniband: InfinibandSourceConfig = field(default_factory=InfinibandSourceConfig)
     pcie: PcieSourceConfig = field(default_factory=PcieSourceConfig)
+
+    def __post_init__(self) -> None:
+        # The daemon runs from / (systemd's default) and the CLI from anywhere:
+        # a relative path would name another file to each.
+        log = self.nvml.kernel_log
+        if log is not None and not os.path.isabs(log):
+            raise ValueError(f"nvml.kernel_log must be an absolute path, got {log!r}")
 
 
 @dataclass(frozen=True)
@@ -120,6 +142,8 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
+        if self.api.max_body_bytes > MAX_BODY_BYTES:
+            raise ValueError(f"api.max_body_bytes must be at most {MAX_BODY_BYTES} (1 MiB)")
         window, needed = max(_history_needs(self.checks).items(), key=lambda item: item[1])
         if self.daemon.history < needed:
             raise ValueError(

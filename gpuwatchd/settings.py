@@ -11,6 +11,9 @@ accept `500ms`, `10s`, `5m`; rates as `PerSecond` and accept `N/s`, `N/min`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import stat
 import types
 import typing
 from collections.abc import Callable
@@ -130,8 +133,8 @@ class _Loader:
 
     def plain(self, tp: Any, node: yaml.Node, key: str) -> Any:
         value = self.scalar(node, key)
-        if tp is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
+        if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return self.finite(value, node, key)
         if tp is bool and not isinstance(value, bool):
             self.fail(node, key, f"expected true or false, got {value!r}")
         if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
@@ -141,6 +144,17 @@ class _Loader:
         if tp is str and not isinstance(value, str):
             self.fail(node, key, f"expected text, got {value!r}")
         return value
+
+    def finite(self, value: float, node: yaml.Node, key: str) -> float:
+        """A number setting as a float: NaN, infinity and a whole number too
+        large for a double (`1` and 400 zeros) are no threshold."""
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            self.fail(node, key, f"expected a finite number, got {shown(value)}")
+        return number
 
     def dataclass(self, cls: type[T], node: yaml.Node, key: str) -> T:
         if self.is_null(node):
@@ -245,6 +259,15 @@ def check_yaml_limits(text: str, filename: str) -> None:
         raise _invalid(filename, error) from error
 
 
+def shown(value: object) -> str:
+    """A value for a message: its kind for a list or mapping, else the start
+    of its repr, never the whole of a long one (a file's value is anyone's)."""
+    if isinstance(value, list | dict):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."
+
+
 def _invalid(filename: str, error: yaml.YAMLError) -> SettingsError:
     return SettingsError(filename, *_yaml_problem(error))
 
@@ -277,13 +300,24 @@ def _yaml_problem(error: yaml.YAMLError) -> tuple[int | None, str, str]:
     return line, "", f"not valid YAML: {problem}"
 
 
-def read_text(path: str) -> str:
-    """A settings file's text; SettingsError when it cannot be read or is not UTF-8."""
+def read_text(path: str, max_bytes: int = MAX_YAML_BYTES, regular_file: bool = False) -> str:
+    """A settings file's text (or a capture's: `max_bytes` is then its own
+    limit); SettingsError when it cannot be read, is larger than `max_bytes`
+    or is not UTF-8. `regular_file`: anything else (a device such as
+    /dev/zero, a FIFO) is refused before a byte is read."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_file else 0)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_YAML_BYTES + 1)
+        with open(os.open(path, flags), "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if regular_file and not stat.S_ISREG(info.st_mode):
+                raise SettingsError(path, None, "", "not a regular file")
+            if stat.S_ISREG(info.st_mode) and info.st_size > max_bytes:
+                raise SettingsError(path, None, "", f"larger than {max_bytes} bytes")
+            data = handle.read(max_bytes + 1)
     except OSError as error:
         raise SettingsError(path, None, "", f"cannot read: {error.strerror}") from error
+    if len(data) > max_bytes:  # a device, or a file that grew
+        raise SettingsError(path, None, "", f"larger than {max_bytes} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

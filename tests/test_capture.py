@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from daemon_support import simulated_daemon
 from test_cli_run import _free_port, _wait_for_poll
 
-from gpuwatchd import capture
+from gpuwatchd import capture, capture_file
 from gpuwatchd.assemble import simulate
 from gpuwatchd.cli import main
 from gpuwatchd.clock import FakeClock
@@ -115,7 +115,7 @@ def _replay_poll(scenario: scenarios.Scenario, tmp_path: Path) -> tuple[Reading,
 def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_versions(
     tmp_path: Path,
 ) -> None:
-    document = capture.load(_capture_of(tmp_path))
+    document = capture_file.load(_capture_of(tmp_path))
     assert document["format"] == "gpuwatchd-capture" and document["version"] == 1
     assert document["binding"]["version"] == metadata.version("nvidia-ml-py")
     nvml = document["nvml"]
@@ -317,7 +317,7 @@ def test_a_node_without_infiniband_is_captured_as_such(tmp_path: Path) -> None:
 
 
 def test_anonymized_capture_keeps_no_uuid_or_guid_and_still_replays(tmp_path: Path) -> None:
-    document = capture.load(_capture_of(tmp_path))
+    document = capture_file.load(_capture_of(tmp_path))
     uuids = [
         capture.first_value(gpu, "nvmlDeviceGetUUID") for gpu in capture.gpu_documents(document)
     ]
@@ -363,7 +363,7 @@ def test_cli_capture_writes_a_file_a_scenario_runs_on(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert re.search(r"captured 2 GPU\(s\), \d+ NVML error answer\(s\)", result.stderr)
     assert "2 InfiniBand device(s)" in result.stderr
-    document = capture.load(out)
+    document = capture_file.load(out)
     assert document["anonymized"] is True
     shape = scenarios.load(str(out)).node
     assert (shape.gpus, shape.nvlinks, shape.hca_names) == (2, 18, ("mlx5_0", "mlx5_1"))

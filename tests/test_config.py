@@ -172,3 +172,76 @@ def test_check_config_names_the_export_detail_modes_when_given_another(tmp_path:
     )
     compact = parse_config("export: {detail: compact, canary_cores: all}\n").export
     assert compact.compact and compact.canary_cores == "all"
+
+
+# Review adversarial-2, rows 316-358: extremes check-config accepted. Each is
+# the review's file, run through check-config, refused with file:line: key.
+@pytest.mark.parametrize(
+    ("text", "key", "message"),
+    [
+        ("sources:\n  nvml:\n    kernel_log: kmsg\n", "3: sources.nvml.kernel_log", "absolute"),
+        ("daemon:\n  journal_retention: 0\n", "2: daemon.journal_retention", "at least 1h"),
+        (f"api:\n  max_body_bytes: {10**30}\n", "2: api.max_body_bytes", "at most 1048576"),
+        (f"canary:\n  hbm_bytes: {10**30}\n", "2: canary.hbm_bytes", "0 to 1099511627776"),
+        (f"canary:\n  min_free_bytes: {10**30}\n", "2: canary.min_free_bytes", "1 TiB"),
+        (f"canary:\n  seed: {10**100}\n", "2: canary.seed", "seed must be 0 to 2^64-1"),
+        ("canary:\n  seed: -1\n", "2: canary.seed", "seed must be 0 to 2^64-1"),
+        (
+            "checks:\n  nvlink:\n    effective_ber_critical: .nan\n",
+            "3: checks.nvlink.effective_ber_critical",
+            "expected a finite number, got nan",
+        ),
+        (
+            "checks:\n  thermal:\n    hbm_max_celsius: .inf\n",
+            "3: checks.thermal.hbm_max_celsius",
+            "expected a finite number, got inf",
+        ),
+        (
+            "checks:\n  thermal:\n    hbm_max_celsius: -1\n",
+            "3: checks.thermal.hbm_max_celsius",
+            "hbm_max_celsius must be more than 0",
+        ),
+        (
+            "checks:\n  thermal:\n    cool_margin_celsius: -5\n",
+            "3: checks.thermal.cool_margin_celsius",
+            "cool_margin_celsius cannot be negative",
+        ),
+        (
+            f"checks:\n  xid:\n    ignore: [{10**30}]\n",
+            "3: checks.xid.ignore",
+            "ignore holds XIDs, each 1 to 999",
+        ),
+        (
+            "checks:\n  xid:\n    ignore: [0]\n",
+            "3: checks.xid.ignore",
+            "ignore holds XIDs, each 1 to 999",
+        ),
+        # A whole number too large for a double, where a number belongs.
+        (
+            f"policy:\n  node_quarantine_ratio: {10**400}\n",
+            "2: policy.node_quarantine_ratio",
+            "expected a finite number",
+        ),
+    ],
+)
+def test_check_config_refuses_an_extreme_value_naming_file_line_and_key(
+    tmp_path: Path, text: str, key: str, message: str
+) -> None:
+    config = tmp_path / "extreme.yaml"
+    config.write_text(text)
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 1, result.output
+    assert f"{config}:{key}: " in result.output and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_bounds_keep_what_a_real_node_needs() -> None:
+    config = parse_config(
+        "daemon: {journal_retention: 1h}\n"
+        "sources: {nvml: {kernel_log: /var/log/kern.log}}\n"
+        "api: {max_body_bytes: 1048576}\n"
+        f"canary: {{seed: {2**64 - 1}, hbm_bytes: 0, min_free_bytes: 0}}\n"
+        "checks: {xid: {ignore: [1, 999]}, thermal: {hbm_max_celsius: 105}}\n"
+    )
+    assert config.canary.seed == 2**64 - 1 and config.checks.xid.ignore == (1, 999)
+    assert config.daemon.journal_retention == 3600.0

@@ -9,6 +9,10 @@ from typing import Literal
 from gpuwatchd.settings import Seconds
 
 MIB = 1024 * 1024
+# Above any GPU's memory: the largest boards have 288 GB of HBM (B300).
+MAX_GPU_BYTES = 1 << 40
+# Seeds are 64-bit, as a scenario's are: numpy's generators take no negative seed.
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,11 @@ class CanaryConfig:
             raise ValueError("software_ratio must be more than 0 and less than 1")
         if self.seed_rotation < 1:
             raise ValueError("seed_rotation must be at least 1")
-        if self.hbm_bytes < 0 or self.min_free_bytes < 0:
-            raise ValueError("hbm_bytes and min_free_bytes cannot be negative")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError("seed must be 0 to 2^64-1")
+        for name in ("hbm_bytes", "min_free_bytes"):
+            if not 0 <= getattr(self, name) <= MAX_GPU_BYTES:
+                raise ValueError(f"{name} must be 0 to {MAX_GPU_BYTES} (1 TiB)")
         if self.aligned_window < 0:
             raise ValueError("aligned_window cannot be negative")
         if self.host_interval <= 0:

@@ -78,6 +78,11 @@ class ThermalConfig:
         for name in ("thermal_warn_ratio", "hw_slowdown_ratio"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be more than 0 and at most 1")
+        if self.hbm_max_celsius <= 0:
+            raise ValueError("hbm_max_celsius must be more than 0")
+        for name in ("cool_margin_celsius", "gpu_margin_warn_celsius", "hbm_margin_warn_celsius"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} cannot be negative")
 
 
 def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:

@@ -37,6 +37,9 @@ from gpuwatchd.settings import Seconds
 from gpuwatchd.units import format_duration
 
 NAME = "xid"
+# NVIDIA's XID catalog numbers errors from 1 and has reached the 150s; three
+# digits leave room for the ones to come.
+MAX_XID = 999
 
 # From least to most drastic, to pick the one action of several XIDs.
 ACTION_ORDER = (
@@ -69,6 +72,8 @@ class XidConfig:
             raise ValueError(
                 "window and reboot_window must be more than 0s, reboots_before_inspection 1 or more"
             )
+        if not all(0 < code <= MAX_XID for code in self.ignore):
+            raise ValueError(f"ignore holds XIDs, each 1 to {MAX_XID}")
 
 
 # "GPU has fallen off the bus": what the driver logs when NVML reports the

@@ -25,7 +25,9 @@ listed in `differences` and logged, so a replay never differs silently.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -36,7 +38,7 @@ from typing import Any
 
 import pynvml
 
-from gpuwatchd import capture
+from gpuwatchd import capture, capture_file
 from gpuwatchd.sim.fake_nvml import (
     _ARCHITECTURES,
     _ECC_SCOPES,
@@ -51,7 +53,7 @@ from gpuwatchd.sim.fake_nvml import (
     FakeNvml,
 )
 from gpuwatchd.sim.gpu import SPECS, Baseline, GpuSpec, MemoryRepairs, SimulatedGpu, SimulatedGpus
-from gpuwatchd.sim.scenario import DEFAULT_MODEL
+from gpuwatchd.sim.scenario import DEFAULT_MODEL, ScenarioError
 from gpuwatchd.sources.infiniband import CLASS_PATH
 
 log = logging.getLogger(__name__)
@@ -64,11 +66,38 @@ _UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 _WHOLE_CALLS = frozenset({"nvmlDeviceRegisterEvents", "nvmlDeviceGetFieldValues"})
 _ARCHITECTURE_NAMES = {code: name for name, code in _ARCHITECTURES.items()}
 
+# The functions the NVML source calls with whole-number arguments, each of
+# which the binding passes by value. A capture's call of any other with
+# arguments is not asked back: the binding passes some arguments through as
+# pointers (a struct the caller fills), and a number there would be an
+# address the library writes to.
+_VALUE_ARGUMENTS = frozenset(
+    {
+        "nvmlDeviceGetClock",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetNvLinkErrorCounter",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetViolationStatus",
+    }
+)
+
 
 class CapturedFabric:
-    """The captured InfiniBand tree under `<sysfs_root>/class/infiniband`, as plain files."""
+    """The captured InfiniBand tree under `<sysfs_root>/class/infiniband`, as plain files.
 
-    def __init__(self, infiniband: Mapping[str, Any] | None, sysfs_root: Path) -> None:
+    `infiniband` is a capture's part as `capture_file.load` checked it (plain
+    relative paths); each file is still written through `_write_under`, which
+    follows no symlink and writes nothing outside class/infiniband."""
+
+    def __init__(
+        self, infiniband: Mapping[str, Any] | None, sysfs_root: Path, name: str = "capture"
+    ) -> None:
         self.root = Path(sysfs_root)
         self.differences: list[str] = []
         infiniband = infiniband or {}
@@ -77,15 +106,17 @@ class CapturedFabric:
         class_dir = self.root.joinpath(*CLASS_PATH)
         class_dir.mkdir(parents=True, exist_ok=True)
         for relative, answer in sorted(infiniband.get("files", {}).items()):
-            path = class_dir / relative
             if "text" not in answer:
                 self.differences.append(
                     f"ib: {relative}: read failed with {answer.get('error')} in the capture; "
                     "left out (a plain file cannot fail a read)"
                 )
                 continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(answer["text"] + "\n", encoding="utf-8")
+            if not _write_under(class_dir, relative, answer["text"] + "\n"):
+                raise ScenarioError(
+                    f"{name}: infiniband.files[{relative!r}]: leads out of the simulated "
+                    f"sysfs tree {class_dir}; nothing written there"
+                )
         for relative, answer in sorted(infiniband.get("folders", {}).items()):
             self.differences.append(
                 f"ib: {relative}/: listing failed with {answer.get('error')} in the capture; "
@@ -94,6 +125,32 @@ class CapturedFabric:
 
     def advance(self, now: float) -> None:
         """A captured tree holds still."""
+
+
+def _write_under(base: Path, relative: str, text: str) -> bool:
+    """Write `text` at `relative` under `base`, making its folders; False, and
+    nothing made, for a path that could lead out of `base`: a `..`, empty or
+    absolute part, or a symlink on the way (none is followed)."""
+    *folders, name = relative.split("/")
+    if any(part in ("", ".", "..") for part in relative.split("/")):
+        return False
+    folder = base
+    for part in folders:
+        folder = folder / part
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir()
+        if folder.is_symlink() or not folder.is_dir():
+            return False
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(folder / name, flags, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # the file itself is a symlink
+            return False
+        raise
+    with open(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return True
 
 
 def _architecture(gpu: Mapping[str, Any]) -> str:
@@ -162,9 +219,9 @@ def _link_counters(gpu: Mapping[str, Any], link: int) -> dict[str, int]:
     counters: dict[str, int] = {}
     for fields in (_SCOPED_DL_FIELDS, _NVLINK5_COUNT_FIELDS):
         for field_id, kind in fields.items():
-            answer = capture.first_field(gpu, field_id, link)
-            if answer is not None and capture.succeeded(answer):
-                counters.setdefault(kind, int(answer["value"]))
+            count = capture.first_field_number(gpu, field_id, link)
+            if count is not None:
+                counters.setdefault(kind, count)
     for counter, kind in _ERROR_COUNTERS.items():
         value = capture.first_value(gpu, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
         if value is not None:
@@ -179,9 +236,9 @@ def _violation_ns(gpu: Mapping[str, Any]) -> dict[str, int]:
         if status is not None:
             seconds[reason] = int(status["violationTime"])
     for field_id, reason in _PERF_POLICY_FIELDS.items():
-        answer = capture.first_field(gpu, field_id)
-        if reason not in seconds and answer is not None and capture.succeeded(answer):
-            seconds[reason] = int(answer["value"])
+        nanoseconds = capture.first_field_number(gpu, field_id)
+        if reason not in seconds and nanoseconds is not None:
+            seconds[reason] = nanoseconds
     return seconds
 
 
@@ -295,7 +352,7 @@ def _symbols(function: str, args: tuple[Any, ...], device: bool) -> tuple[str, .
     handle = (ctypes.c_void_p(1),) if device else ()
     try:
         getattr(pynvml, function)(*handle, *args)
-    except (pynvml.NVMLError, TypeError, ValueError, AttributeError):
+    except Exception:  # any binding function, with a capture's arguments
         pass  # the probe refuses every call: only the names matter
     finally:
         pynvml.nvmlLib = previous
@@ -370,10 +427,17 @@ def _served(function: str, *args: Any) -> int | str:
         getattr(pynvml, function)(*args)
     except pynvml.NVMLError as error:
         return int(error.value)
-    except (AttributeError, TypeError) as error:
-        # A capture made with another nvidia-ml-py: a function it lacks, or other arguments.
+    except Exception as error:  # any binding function, with a capture's arguments
+        # A capture made with another nvidia-ml-py (a function it lacks, or
+        # other arguments), or arguments the binding refuses.
         return f"not asked ({error})"
     return _SUCCESS
+
+
+def _served_with(function: str, handle: Any, args: tuple[int, ...]) -> int | str:
+    if args and function not in _VALUE_ARGUMENTS:
+        return "not asked (its arguments may be pointers, not values)"
+    return _served(function, handle, *args)
 
 
 def _code(answer: Mapping[str, Any]) -> int:
@@ -396,7 +460,7 @@ def _differences(fake: FakeNvml, document: Mapping[str, Any]) -> list[str]:
                 if call["function"] == "nvmlDeviceGetHandleByIndex":
                     continue
                 captured = _code(call["answers"][0])
-                served = _served(call["function"], handle, *args)
+                served = _served_with(call["function"], handle, args)
                 if served != captured:
                     differences.append(
                         f"GPU {index}: {call['function']}{tuple(args)}: captured {captured}, "
@@ -420,7 +484,10 @@ class CapturedNode:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
-        self.document = capture.load(path)
+        try:
+            self.document = capture_file.load(path)
+        except capture_file.CaptureError as error:  # changed since the scenario read it
+            raise ScenarioError(str(error)) from error
         self.differences: list[str] = []
 
     def gpus(self) -> tuple[SimulatedGpu, ...]:
@@ -434,7 +501,7 @@ class CapturedNode:
         return fake
 
     def fabric(self, sysfs_root: Path) -> CapturedFabric:
-        fabric = CapturedFabric(self.document.get("infiniband"), sysfs_root)
+        fabric = CapturedFabric(self.document.get("infiniband"), sysfs_root, self.path)
         self._note(fabric.differences)
         return fabric
 

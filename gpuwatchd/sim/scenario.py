@@ -50,8 +50,9 @@ import pynvml
 import yaml
 
 from gpuwatchd import capture as captures
+from gpuwatchd import capture_file
 from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
-from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text
+from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text, shown
 from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
@@ -253,8 +254,8 @@ def _require_int(value: Any, what: str, where: str) -> int:
 def captured_shape(path: str, name: str) -> NodeShape:
     """The shape of the node a capture file holds."""
     try:
-        document = captures.load(path)
-    except captures.CaptureError as error:
+        document = capture_file.load(path)
+    except capture_file.CaptureError as error:
         raise ScenarioError(f"{name}: node: {error}") from error
     gpus = captures.gpu_documents(document)
     models = [captures.first_value(gpu, "nvmlDeviceGetName") for gpu in gpus]
@@ -269,25 +270,17 @@ def captured_shape(path: str, name: str) -> NodeShape:
     )
 
 
-def _short(value: Any) -> str:
-    """A value for a message: the start of its repr, never the whole of a big one."""
-    if isinstance(value, list | dict):
-        return f"a {type(value).__name__}"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}..."
-
-
 def _require_text(value: Any, what: str, where: str) -> str:
     if not isinstance(value, str):
-        raise ScenarioError(f"{where}: {what} must be text, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} must be text, got {shown(value)}")
     return value
 
 
 def _require_number(value: Any, what: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ScenarioError(f"{where}: {what} must be a number, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} must be a number, got {shown(value)}")
     if isinstance(value, int) and abs(value) > 2**53:
-        raise ScenarioError(f"{where}: {what} is out of range, got {_short(value)}")
+        raise ScenarioError(f"{where}: {what} is out of range, got {shown(value)}")
     return float(value)
 
 
@@ -348,7 +341,7 @@ def _parse_fault(raw: Any, position: int, node: NodeShape, name: str) -> Fault:
         raise ScenarioError(f"{label}: expected a mapping such as {{at: 10s, kind: xid, ...}}")
     kind = raw.get("kind")
     if not isinstance(kind, str):
-        raise ScenarioError(f"{label}: kind must be text such as xid, got {_short(kind)}")
+        raise ScenarioError(f"{label}: kind must be text such as xid, got {shown(kind)}")
     label = f"{label} ({kind})" if kind else label
     if kind not in FAULT_FIELDS:
         known = ", ".join(sorted(FAULT_FIELDS))
@@ -545,7 +538,7 @@ def parse(text: str, name: str = "scenario", directory: str | None = None) -> Sc
     node = _parse_node(raw.get("node"), name, directory)
     seed = _require_int(raw.get("seed", 1), "seed", name)
     if not 0 <= seed < 2**64:
-        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {_short(seed)}")
+        raise ScenarioError(f"{name}: seed must be 0 to 2^64-1, got {shown(seed)}")
     faults_raw = raw.get("faults") or []
     if not isinstance(faults_raw, list):
         raise ScenarioError(f"{name}: faults must be a list")
@@ -569,11 +562,13 @@ def load(name_or_path: str | None) -> Scenario:
     path = Path(name)
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         try:
-            text = read_text(str(path))
+            # A capture is run as it is, and may be larger than a scenario
+            # (parse refuses a scenario past its own limit).
+            text = read_text(str(path), capture_file.MAX_BYTES)
         except SettingsError as error:
             known = ", ".join(builtin_names())
             raise ScenarioError(f"{name}: {error.problem} (built-in scenarios: {known})") from error
-        if captures.is_capture(text):
+        if capture_file.is_capture(text):
             return Scenario(node=captured_shape(name, name), name=name)
         return parse(text, str(path), str(path.parent))
     builtin = resources.files("gpuwatchd.sim") / "scenarios" / f"{name}.yaml"
