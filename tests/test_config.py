@@ -216,6 +216,17 @@ def test_check_config_names_the_export_detail_modes_when_given_another(tmp_path:
             "3: checks.xid.ignore",
             "ignore holds XIDs, each 1 to 999",
         ),
+        # More GPUs or links than a node or a GPU has: every one called short.
+        (
+            "checks:\n  gpu_lost:\n    expected_gpus: 100000\n",
+            "3: checks.gpu_lost.expected_gpus",
+            "expected_gpus must be 0 to 64",
+        ),
+        (
+            "checks:\n  nvlink:\n    expected_links: 100\n",
+            "3: checks.nvlink.expected_links",
+            "expected_links must be 0 to 36",
+        ),
         # A whole number too large for a double, where a number belongs.
         (
             f"policy:\n  node_quarantine_ratio: {10**400}\n",

@@ -45,6 +45,9 @@ from gpuwatchd.model import Action, Finding, GpuSample, Severity
 from gpuwatchd.units import format_duration
 
 NAME = "gpu_lost"
+# The most GPUs `expected_gpus` may name: a node's HGX boards hold 8 or 16,
+# and scenarios and captures take at most 64 too.
+MAX_GPUS = 64
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,9 @@ class GpuLostConfig:
     expected_gpus: int | None = None
 
     def __post_init__(self) -> None:
-        if self.expected_gpus is not None and self.expected_gpus < 0:
-            raise ValueError("expected_gpus must be 0 or more")
+        # More than a node holds would call every node short of GPUs.
+        if self.expected_gpus is not None and not 0 <= self.expected_gpus <= MAX_GPUS:
+            raise ValueError(f"expected_gpus must be 0 to {MAX_GPUS}")
 
 
 @dataclass(frozen=True)

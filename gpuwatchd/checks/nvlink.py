@@ -50,6 +50,8 @@ from gpuwatchd.model import (
 from gpuwatchd.settings import PerSecond, Seconds
 
 NAME = "nvlink"
+# nvml.h NVML_NVLINK_MAX_LINKS (36 from CUDA 13; 18 before): the most links a GPU has.
+MAX_LINKS = 36
 
 # Error families and the NVML counters in each. CRC flit and CRC data errors
 # are one symptom (bit errors on the wire) and share a threshold; a failed
@@ -136,8 +138,9 @@ class NvlinkConfig:
                 raise ValueError(f"{family}_storm_rate must be more than 0/s")
         if self.effective_ber_critical <= 0:
             raise ValueError("effective_ber_critical must be more than 0")
-        if self.expected_links is not None and self.expected_links < 0:
-            raise ValueError("expected_links must be 0 or more")
+        # More than a GPU can have would call every GPU short of links.
+        if self.expected_links is not None and not 0 <= self.expected_links <= MAX_LINKS:
+            raise ValueError(f"expected_links must be 0 to {MAX_LINKS}")
 
     def storm_rate(self, family: str) -> float:
         rate: float = getattr(self, f"{family}_storm_rate")
