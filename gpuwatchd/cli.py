@@ -51,6 +51,7 @@ from gpuwatchd.config import (
     Config,
     load_config,
     parse_listen,
+    unix_socket_path,
 )
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
@@ -62,7 +63,6 @@ from gpuwatchd.server import (
     base_url,
     client_secret,
     ensure_token_file,
-    unix_socket_path,
 )
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios

@@ -53,6 +53,7 @@ from gpuwatchd.actions.manual import (
     node_subjects,
     resolve_subject,
 )
+from gpuwatchd.config import UNIX_PREFIX, ApiConfig
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
@@ -63,7 +64,6 @@ from gpuwatchd.units import parse_moment
 
 log = logging.getLogger(__name__)
 
-API_TOKEN_NAME = "api-token"
 QUARANTINES = "/api/v1/quarantines"
 JOURNAL_DAYS_DEFAULT = 1.0
 MAX_JOURNAL_ENTRIES = 10000
@@ -80,63 +80,9 @@ LISTEN_BACKLOG = 1024
 # 1024 file descriptors, so that a flood of idle connections cannot starve
 # the sources of descriptors or the listener of threads.
 MAX_CONNECTIONS = 256
-# `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix
-# socket, which only the daemon's user and group may connect to.
-UNIX_PREFIX = "unix:"
+# A Unix socket's mode: only the daemon's user and group may connect.
 UNIX_SOCKET_MODE = 0o660
 WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
-
-
-def _check_positive(value: int) -> None:
-    if value <= 0:
-        raise ValueError("max_body_bytes must be more than 0")
-
-
-@dataclass(frozen=True)
-class ApiConfig:
-    # The bearer tokens that writes need, one a line: `name:secret` or `secret`.
-    # null: <state_dir>/api-token, created (mode 0600) with a random secret at
-    # the first start.
-    token_file: str | None = None
-    # Serve HTTPS with this certificate (PEM, chain included) and its key;
-    # both or neither.
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    # A write request's body may be at most this long.
-    max_body_bytes: int = 65536
-    # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
-    # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
-    # and can be the cluster address while the API stays on loopback; or
-    # unix:/run/gpuwatchd/api.sock, a Unix socket of mode 0660 (the daemon's
-    # user and group). null: the API is served on daemon.listen.
-    listen: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_positive(self.max_body_bytes)
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file go together")
-        if self.listen is None:
-            return
-        path = unix_socket_path(self.listen)
-        if path is None:
-            from gpuwatchd.config import parse_listen  # config imports this module
-
-            parse_listen(self.listen)
-        elif not os.path.isabs(path):
-            raise ValueError(
-                "a Unix socket is an absolute path such as unix:/run/gpuwatchd/api.sock, "
-                f"got {self.listen!r}"
-            )
-        elif self.tls_cert_file:
-            raise ValueError(
-                "the API on a Unix socket is plain HTTP (its file mode guards it): "
-                "leave tls_cert_file out, or listen on HOST:PORT"
-            )
-
-
-def unix_socket_path(listen: str) -> str | None:
-    """The socket's path of `unix:<path>`; None for HOST:PORT."""
-    return listen[len(UNIX_PREFIX) :] if listen.startswith(UNIX_PREFIX) else None
 
 
 @dataclass(frozen=True)

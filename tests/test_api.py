@@ -19,7 +19,8 @@ import pytest
 from api_support import SCENARIO, Api, api_on, serve
 from daemon_support import simulated_daemon
 
-from gpuwatchd.server import ApiConfig, ensure_token_file, read_tokens
+from gpuwatchd.config import ApiConfig
+from gpuwatchd.server import ensure_token_file, read_tokens
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,13 @@ def test_check_config_names_the_export_detail_modes_when_given_another(tmp_path:
     )
     compact = parse_config("export: {detail: compact, canary_cores: all}\n").export
     assert compact.compact and compact.canary_cores == "all"
+
+
+def test_the_configuration_is_read_without_the_listener() -> None:
+    # config reads the settings and server serves them: config never imports
+    # the listener (the two once imported each other over ApiConfig).
+    probe = "import sys, gpuwatchd.config; print('gpuwatchd.server' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert loaded.stdout.strip() == "False"

@@ -32,7 +32,7 @@ from actions_support import (
 from click.testing import CliRunner, Result
 
 from gpuwatchd.cli import main
-from gpuwatchd.server import ApiConfig
+from gpuwatchd.config import ApiConfig
 
 OPERATOR = getpass.getuser()
 
