@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuwatchd import __version__, logs
+from gpuwatchd import __version__, logs, unix_socket
 from gpuwatchd import capture as captures
 from gpuwatchd.actions.client import (
     REQUEST_TIMEOUT_SECONDS,
@@ -210,7 +210,9 @@ def run(
     # logs, not silently (unless a host such as pytest has its own handler).
     if not faulthandler.is_enabled():
         faulthandler.enable()
-    _check_listen_free(config.daemon.listen)
+    for address in (config.daemon.listen, config.api.listen):
+        if address is not None:
+            _check_listen_free(address)
     with ExitStack() as stack:
         scratch = None
         # A simulated node never writes into the real node's state directory:
@@ -259,17 +261,24 @@ def run(
 def _check_listen_free(listen: str) -> None:
     """Refuse a taken address before NVML starts and files are written; the
     server's own bind, later, still decides (something may take it between)."""
-    host, port = parse_listen(listen)
+    socket_path = unix_socket_path(listen)
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            # As the server binds: a port in TIME_WAIT is free to it.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+        if socket_path is not None:
+            unix_socket.stale_socket(socket_path)
+        else:
+            _check_port_free(*parse_listen(listen))
     except OSError as error:
         raise click.ClickException(
             f"cannot listen on {listen}: {error.strerror or error}"
         ) from error
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As the server binds: a port in TIME_WAIT is free to it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def _tell_where(state_dir: str, url: str, config: Config) -> None:
@@ -306,7 +315,9 @@ def _listen(
     except ssl.SSLError as error:
         raise click.ClickException(f"cannot use the TLS certificate or key: {error}") from error
     except OSError as error:
-        raise click.ClickException(f"cannot listen on {listen}: {error.strerror}") from error
+        raise click.ClickException(
+            f"cannot listen on {listen}: {error.strerror or error}"
+        ) from error
     server.start()
     return server
 

@@ -29,6 +29,8 @@ DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
 API_TOKEN_NAME = "api-token"
 # `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix socket.
 UNIX_PREFIX = "unix:"
+# The longest path a Unix socket's address holds (sun_path, unix(7)).
+MAX_UNIX_PATH_BYTES = 107
 SOURCE_NAMES = ("nvml", "infiniband", "pcie", "canary")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # A shorter interval is a busy loop, not monitoring.
@@ -107,6 +109,11 @@ class ApiConfig:
             raise ValueError(
                 "a Unix socket is an absolute path such as unix:/run/gpuwatchd/api.sock, "
                 f"got {self.listen!r}"
+            )
+        elif len(os.fsencode(path)) > MAX_UNIX_PATH_BYTES:
+            raise ValueError(
+                f"a Unix socket's path is at most {MAX_UNIX_PATH_BYTES} bytes (unix(7)), "
+                f"got {len(os.fsencode(path))}: {path}"
             )
         elif self.tls_cert_file:
             raise ValueError(

@@ -26,7 +26,6 @@ serve, a malformed request line, headers too long), is JSON `{"error": ...}`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hmac
@@ -47,6 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from gpuwatchd import unix_socket
 from gpuwatchd.actions.manual import (
     check_on_node,
     check_text,
@@ -576,22 +576,14 @@ class StatusServer(ThreadingHTTPServer):
 class UnixStatusServer(StatusServer):
     """The listener on a Unix socket (`api.listen: unix:<path>`), mode 0660:
     reaching the API takes the daemon's user or group, and writes still take
-    a token. A socket left by a daemon that died is replaced; one another
-    process listens on is not."""
+    a token. A socket left by a daemon that died is replaced; anything else
+    at the path is refused and left as it was (gpuwatchd.unix_socket)."""
 
     address_family = socket.AF_UNIX
+    bound: unix_socket.Bound | None = None  # the socket file this listener made
 
     def server_bind(self) -> None:
-        path = str(self.server_address)
-        _remove_stale_socket(path)
-        # Created 0600 whatever the umask, then opened to the group: no moment
-        # when others could connect.
-        previous = os.umask(0o177)
-        try:
-            self.socket.bind(path)
-        finally:
-            os.umask(previous)
-        os.chmod(path, UNIX_SOCKET_MODE)
+        self.bound = unix_socket.bind(self.socket, str(self.server_address), UNIX_SOCKET_MODE)
         self.server_name, self.server_port = "localhost", 0
 
     def get_request(self) -> tuple[Any, Any]:
@@ -605,22 +597,9 @@ class UnixStatusServer(StatusServer):
         return f"{UNIX_PREFIX}{self.server_address}"
 
     def server_close(self) -> None:
+        # Also called when server_bind refused the path: then nothing was
+        # bound, and nothing is removed.
         super().server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(self.server_address))
-
-
-def _remove_stale_socket(path: str) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody listens: a dead daemon's
-            return
-    raise OSError(errno.EADDRINUSE, f"another process listens on {path}")
+        bound, self.bound = self.bound, None
+        if bound is not None and not bound.remove():
+            log.warning("%s is no longer the socket this daemon bound: left as it is", bound.path)
