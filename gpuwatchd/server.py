@@ -158,7 +158,9 @@ class Control(Protocol):
 
     def now(self) -> float: ...
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None: ...
+    def quarantine(
+        self, subject: str, reason: str, operator: str
+    ) -> tuple[Decision | None, Quarantine]: ...
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None: ...
 
@@ -403,8 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body(required=True)
         subject = self._subject(body.get("subject"), control)
         reason = self._reason(body, required=True)
-        decision = control.quarantine(subject, reason, self._operator(body))
-        held = next(q for q in control.quarantines() if q.subject == subject)
+        decision, held = control.quarantine(subject, reason, self._operator(body))
         # 200 and no decision: it was already quarantined, and that one stands.
         return (200 if decision is None else 201), {
             "decision": dataclasses.asdict(decision) if decision is not None else None,
