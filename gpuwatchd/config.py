@@ -29,6 +29,9 @@ DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
 API_TOKEN_NAME = "api-token"
 # `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix socket.
 UNIX_PREFIX = "unix:"
+# A listener's connections at most: beyond, its threads alone would take
+# gigabytes (8 MiB of stack reserved each).
+MAX_CONNECTIONS = 16384
 # The longest path a Unix socket's address holds (sun_path, unix(7)).
 MAX_UNIX_PATH_BYTES = 107
 SOURCE_NAMES = ("nvml", "infiniband", "pcie", "canary")
@@ -88,6 +91,18 @@ class ApiConfig:
     tls_key_file: str | None = None
     # A write request's body may be at most this long.
     max_body_bytes: int = 65536
+    # Connections each listener serves at once (a thread and a descriptor
+    # each): well under the 1024 descriptors systemd gives a service, so
+    # that a flood cannot starve the sources of descriptors. When all are
+    # taken, the one waiting longest for its request is closed for a new one;
+    # when every one is being answered, new ones wait in the listen backlog.
+    max_connections: int = 256
+    # A connection's request line and headers (and TLS handshake) must come
+    # within this of its accept, or it is closed: any HTTP client sends them
+    # at once, so this cuts off only idle and trickling connections (a
+    # slowloris). 5 s: the read timeout of Cloudflare's guide to Go's net/http
+    # timeouts; a few round trips across sites fit in it many times over.
+    header_timeout: Seconds = 5.0
     # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
     # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
     # and can be the cluster address while the API stays on loopback; or
@@ -98,6 +113,13 @@ class ApiConfig:
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be more than 0")
+        if not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise ValueError(
+                f"max_connections must be 1 to {MAX_CONNECTIONS} (a thread and a descriptor "
+                f"each), got {self.max_connections}"
+            )
+        if self.header_timeout <= 0:
+            raise ValueError("header_timeout must be more than 0s")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if self.listen is None:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -54,6 +54,7 @@ from gpuwatchd.actions.manual import (
     resolve_subject,
 )
 from gpuwatchd.config import UNIX_PREFIX, ApiConfig
+from gpuwatchd.connections import Connection, Connections
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
@@ -68,18 +69,14 @@ QUARANTINES = "/api/v1/quarantines"
 JOURNAL_DAYS_DEFAULT = 1.0
 MAX_JOURNAL_ENTRIES = 10000
 MAX_OPERATOR_CHARS = 64
-# A client that sends nothing for this long is cut off, so that slow or idle
-# connections cannot hold the listener's threads.
+# A request body or an answer that stalls this long ends its connection (the
+# request line and headers have their own deadline: api.header_timeout).
 REQUEST_TIMEOUT_SECONDS = 30.0
 SHUTDOWN_POLL_SECONDS = 0.1
 MAX_TOKEN_FILE_BYTES = 1 << 16
 # Connections the kernel queues before the listener accepts them: a fleet's
 # scrapers and a burst of API clients (socketserver's default is 5).
 LISTEN_BACKLOG = 1024
-# Connections served at once; more are closed at once. Well under the usual
-# 1024 file descriptors, so that a flood of idle connections cannot starve
-# the sources of descriptors or the listener of threads.
-MAX_CONNECTIONS = 256
 # A Unix socket's mode: only the daemon's user and group may connect.
 UNIX_SOCKET_MODE = 0o660
 WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
@@ -186,6 +183,19 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuwatchd"
     timeout = REQUEST_TIMEOUT_SECONDS
     token: Token  # the write request's, once authenticated
+
+    def __init__(self, connection: Connection, client_address: Any, server: StatusServer) -> None:
+        self.slot = connection
+        super().__init__(connection.sock, client_address, server)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if not self.server.connections.answering(self.slot):
+            # Cut off while its headers came (too slowly, or for a newer
+            # connection): what was read may be cut short too.
+            self.close_connection = True
+            return False
+        return parsed
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The errors http.server sends itself (a malformed request line, a
@@ -462,8 +472,11 @@ def base_url(host: str, port: int, tls: bool) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-class StatusServer(ThreadingHTTPServer):
-    daemon_threads = True
+class StatusServer(HTTPServer):
+    """The listener: each connection in its own thread, in a slot of
+    `connections` (gpuwatchd.connections: how many at once, and how long a
+    request line and headers may take)."""
+
     request_queue_size = LISTEN_BACKLOG
 
     def __init__(
@@ -495,8 +508,8 @@ class StatusServer(ThreadingHTTPServer):
         self.token_file = token_file
         self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
-        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.turned_away = 0  # connections closed at once, over MAX_CONNECTIONS
+        self._stopping = threading.Event()
+        self.connections = Connections(api.max_connections, api.header_timeout)
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -510,22 +523,47 @@ class StatusServer(ThreadingHTTPServer):
             raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._connections.acquire(blocking=False):
-            self.turned_away += 1
-            log.debug("%s turned away: %d connections open", client_address[0], MAX_CONNECTIONS)
+        connection = self.connections.admit(request, self._stopping.is_set)
+        if connection is None:
             self.shutdown_request(request)
             return
+        thread = threading.Thread(
+            target=self._serve, args=(connection, client_address), name="http-client", daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._connections.release()
+            self.connections.close(connection)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def service_actions(self) -> None:
+        # Between accepts, and ten times a second while none come.
+        self.connections.expire()
+
+    def _serve(self, connection: Connection, client_address: Any) -> None:
+        """One connection, in its own thread."""
         try:
-            super().process_request_thread(request, client_address)
+            if self.tls is None or self._handshake(self.tls, connection, client_address):
+                _Handler(connection, client_address, self)
+        except Exception:
+            self.handle_error(connection.sock, client_address)
         finally:
-            self._connections.release()
+            self.connections.close(connection)
+            self.shutdown_request(connection.sock)
+
+    def _handshake(self, tls: ssl.SSLContext, connection: Connection, client_address: Any) -> bool:
+        """The TLS handshake, in the connection's own thread (a slow or silent
+        client cannot hold up the accept loop) and within its header deadline."""
+        connection.sock.settimeout(REQUEST_TIMEOUT_SECONDS)
+        wrapped = tls.wrap_socket(connection.sock, server_side=True, do_handshake_on_connect=False)
+        if not self.connections.wrapped(connection, wrapped):
+            return False
+        try:
+            wrapped.do_handshake()
+        except (ssl.SSLError, OSError) as error:
+            log.debug("TLS handshake with %s failed: %s", client_address[0], error)
+            return False
+        return True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away is one debug line; anything else a logged traceback."""
@@ -534,18 +572,6 @@ class StatusServer(ThreadingHTTPServer):
             log.debug("%s: connection ended: %s", client_address[0], error)
         else:
             log.exception("request from %s failed", client_address[0])
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the request's own thread: a slow or
-        # silent client cannot hold up the accept loop.
-        if self.tls is not None:
-            request.settimeout(REQUEST_TIMEOUT_SECONDS)
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as error:
-                log.debug("TLS handshake with %s failed: %s", client_address[0], error)
-                return
-        super().finish_request(request, client_address)
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while polls keep coming: a stuck poll loop fails /healthz."""
@@ -570,6 +596,7 @@ class StatusServer(ThreadingHTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         self.shutdown()
         self.server_close()
 
