@@ -311,6 +311,7 @@ def _listen(
             control=daemon if control else None,
             token_file=config.token_file,
             api=config.api,
+            state_dir=os.path.abspath(config.daemon.state_dir),
         )
     except ssl.SSLError as error:
         raise click.ClickException(f"cannot use the TLS certificate or key: {error}") from error
@@ -561,6 +562,9 @@ def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
             raise click.ClickException(str(error)) from error
     client = _client(config, None)
     try:
+        other = _other_state_dir(client, directory)
+        if other is not None:
+            raise _held(path, client, f"the daemon there holds {other}")
         return _api_journal(client, window)
     except DaemonDown:
         pass  # nothing listens there: the lock may be another command's, for a moment
@@ -572,6 +576,20 @@ def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
         if error.held:
             raise _held(path, client) from error
         raise click.ClickException(str(error)) from error
+
+
+def _other_state_dir(client: DaemonClient, directory: str) -> str | None:
+    """The state directory the daemon at `client` holds when it is not
+    `directory` (review adversarial-2, row 289: the journal of another
+    daemon was printed as this directory's); None when it is, or when the
+    daemon does not say (one older than this CLI)."""
+    held = client.get("/api/v1/status").get("state_dir")
+    if not isinstance(held, str):
+        return None
+    try:
+        return None if os.path.samefile(held, directory) else held
+    except OSError:
+        return held  # not there as this CLI sees the files: not the same
 
 
 def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
@@ -741,15 +759,18 @@ def _target(
 
 
 @contextmanager
-def _offline(target: _Target, wait: float = LOCK_WAIT_SECONDS) -> Iterator[Offline]:
-    """The state database, for a daemon that did not answer; `_Neither` when
-    it is held, by a daemon running where the CLI did not ask."""
+def _offline(
+    target: _Target, wait: float = LOCK_WAIT_SECONDS, why: str | None = None
+) -> Iterator[Offline]:
+    """The state database, for a daemon that did not answer (`why` it is not
+    the database's); `_Neither` when it is held, by a daemon running where the
+    CLI did not ask."""
     try:
         with Offline(target.config, target.state_dir, wait) as offline:
             yield offline
     except StoreError as error:
         if error.held:
-            raise _held(error.path, target.client) from error
+            raise _held(error.path, target.client, why) from error
         raise click.ClickException(str(error)) from error
     except ValueError as error:
         # Exit 1 like the daemon's refusal of the same subject.
@@ -767,9 +788,14 @@ def _daemon_or_database(
     the local daemon is not running (never for an explicit --node). When there
     is no database, `missing(path)` answers (or refuses) instead of creating
     one, since an empty database would later read as a healthy node; with no
-    `missing` the database is created."""
+    `missing` the database is created. A daemon that holds another state
+    directory than the target's is not asked either."""
+    elsewhere = None
     try:
-        return remote()
+        if not target.explicit:
+            elsewhere = _other_state_dir(target.client, target.state_dir)
+        if elsewhere is None:
+            return remote()
     except DaemonDown as error:
         if target.explicit:
             raise _unreachable(target.client, error) from error
@@ -781,18 +807,20 @@ def _daemon_or_database(
     database = os.path.join(target.state_dir, DB_NAME)
     if missing is not None and not os.path.exists(database):
         return missing(database)
-    with _offline(target) as offline:
+    there = None if elsewhere is None else f"the daemon there holds {elsewhere}"
+    with _offline(target, why=there) as offline:
         # Said once the database is open: a daemon elsewhere may hold it.
+        absent = "gpuwatchd is not running here"
+        if elsewhere is not None:
+            absent = f"the gpuwatchd at {target.client.url} holds {elsewhere}, not this directory"
         if writes:
             click.echo(
-                f"gpuwatchd is not running here: using the state database {database}; "
+                f"{absent}: using the state database {database}; "
                 "the daemon applies the change when it starts",
                 err=True,
             )
         else:
-            click.echo(
-                f"gpuwatchd is not running here: reading the state database {database}", err=True
-            )
+            click.echo(f"{absent}: reading the state database {database}", err=True)
         return local(offline)
 
 

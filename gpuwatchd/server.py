@@ -270,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
             healthy, why = self.server.liveness()
             self._send(200 if healthy else 503, (why + "\n").encode(), "text/plain")
         elif path == "/api/v1/status":
-            self.send_json(200, to_json(self.server.current()))
+            self.send_json(200, self.server.status())
         elif path == QUARANTINES and control is not None:
             self._answer(lambda: (200, {"quarantines": _quarantines_json(control)}))
         elif path == "/api/v1/journal" and control is not None:
@@ -489,8 +489,11 @@ class StatusServer(HTTPServer):
         control: Control | None = None,
         token_file: str = "",
         api: ApiConfig | None = None,
+        state_dir: str | None = None,
     ) -> None:
-        """Without `control` the API serves status only (no quarantines, journal or writes)."""
+        """Without `control` the API serves status only (no quarantines, journal or writes).
+        `state_dir`, the daemon's, is said in the status: the CLI asks the
+        daemon for what a database it holds has only if it holds that one."""
         api = api or ApiConfig()
         self.tls: ssl.SSLContext | None = None
         if api.tls_cert_file and api.tls_key_file:
@@ -506,6 +509,7 @@ class StatusServer(HTTPServer):
         self.clock_now = clock_now
         self.control = control
         self.token_file = token_file
+        self.state_dir = state_dir
         self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -572,6 +576,12 @@ class StatusServer(HTTPServer):
             log.debug("%s: connection ended: %s", client_address[0], error)
         else:
             log.exception("request from %s failed", client_address[0])
+
+    def status(self) -> dict[str, Any]:
+        document = to_json(self.current())
+        if self.state_dir is not None:
+            document["state_dir"] = self.state_dir
+        return document
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while polls keep coming: a stuck poll loop fails /healthz."""
