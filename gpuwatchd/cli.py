@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuwatchd import __version__, logs
+from gpuwatchd import __version__, logs, unix_socket
 from gpuwatchd import capture as captures
 from gpuwatchd.actions.client import (
     REQUEST_TIMEOUT_SECONDS,
@@ -51,6 +51,7 @@ from gpuwatchd.config import (
     Config,
     load_config,
     parse_listen,
+    unix_socket_path,
 )
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.notify import Notifier
@@ -62,7 +63,6 @@ from gpuwatchd.server import (
     base_url,
     client_secret,
     ensure_token_file,
-    unix_socket_path,
 )
 from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios
@@ -210,7 +210,9 @@ def run(
     # logs, not silently (unless a host such as pytest has its own handler).
     if not faulthandler.is_enabled():
         faulthandler.enable()
-    _check_listen_free(config.daemon.listen)
+    for address in (config.daemon.listen, config.api.listen):
+        if address is not None:
+            _check_listen_free(address)
     with ExitStack() as stack:
         scratch = None
         # A simulated node never writes into the real node's state directory:
@@ -259,17 +261,24 @@ def run(
 def _check_listen_free(listen: str) -> None:
     """Refuse a taken address before NVML starts and files are written; the
     server's own bind, later, still decides (something may take it between)."""
-    host, port = parse_listen(listen)
+    socket_path = unix_socket_path(listen)
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            # As the server binds: a port in TIME_WAIT is free to it.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
+        if socket_path is not None:
+            unix_socket.stale_socket(socket_path)
+        else:
+            _check_port_free(*parse_listen(listen))
     except OSError as error:
         raise click.ClickException(
             f"cannot listen on {listen}: {error.strerror or error}"
         ) from error
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As the server binds: a port in TIME_WAIT is free to it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def _tell_where(state_dir: str, url: str, config: Config) -> None:
@@ -302,11 +311,14 @@ def _listen(
             control=daemon if control else None,
             token_file=config.token_file,
             api=config.api,
+            state_dir=os.path.abspath(config.daemon.state_dir),
         )
     except ssl.SSLError as error:
         raise click.ClickException(f"cannot use the TLS certificate or key: {error}") from error
     except OSError as error:
-        raise click.ClickException(f"cannot listen on {listen}: {error.strerror}") from error
+        raise click.ClickException(
+            f"cannot listen on {listen}: {error.strerror or error}"
+        ) from error
     server.start()
     return server
 
@@ -550,6 +562,9 @@ def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
             raise click.ClickException(str(error)) from error
     client = _client(config, None)
     try:
+        other = _other_state_dir(client, directory)
+        if other is not None:
+            raise _held(path, client, f"the daemon there holds {other}")
         return _api_journal(client, window)
     except DaemonDown:
         pass  # nothing listens there: the lock may be another command's, for a moment
@@ -561,6 +576,20 @@ def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
         if error.held:
             raise _held(path, client) from error
         raise click.ClickException(str(error)) from error
+
+
+def _other_state_dir(client: DaemonClient, directory: str) -> str | None:
+    """The state directory the daemon at `client` holds when it is not
+    `directory` (review adversarial-2, row 289: the journal of another
+    daemon was printed as this directory's); None when it is, or when the
+    daemon does not say (one older than this CLI)."""
+    held = client.get("/api/v1/status").get("state_dir")
+    if not isinstance(held, str):
+        return None
+    try:
+        return None if os.path.samefile(held, directory) else held
+    except OSError:
+        return held  # not there as this CLI sees the files: not the same
 
 
 def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
@@ -730,15 +759,18 @@ def _target(
 
 
 @contextmanager
-def _offline(target: _Target, wait: float = LOCK_WAIT_SECONDS) -> Iterator[Offline]:
-    """The state database, for a daemon that did not answer; `_Neither` when
-    it is held, by a daemon running where the CLI did not ask."""
+def _offline(
+    target: _Target, wait: float = LOCK_WAIT_SECONDS, why: str | None = None
+) -> Iterator[Offline]:
+    """The state database, for a daemon that did not answer (`why` it is not
+    the database's); `_Neither` when it is held, by a daemon running where the
+    CLI did not ask."""
     try:
         with Offline(target.config, target.state_dir, wait) as offline:
             yield offline
     except StoreError as error:
         if error.held:
-            raise _held(error.path, target.client) from error
+            raise _held(error.path, target.client, why) from error
         raise click.ClickException(str(error)) from error
     except ValueError as error:
         # Exit 1 like the daemon's refusal of the same subject.
@@ -756,9 +788,14 @@ def _daemon_or_database(
     the local daemon is not running (never for an explicit --node). When there
     is no database, `missing(path)` answers (or refuses) instead of creating
     one, since an empty database would later read as a healthy node; with no
-    `missing` the database is created."""
+    `missing` the database is created. A daemon that holds another state
+    directory than the target's is not asked either."""
+    elsewhere = None
     try:
-        return remote()
+        if not target.explicit:
+            elsewhere = _other_state_dir(target.client, target.state_dir)
+        if elsewhere is None:
+            return remote()
     except DaemonDown as error:
         if target.explicit:
             raise _unreachable(target.client, error) from error
@@ -770,18 +807,20 @@ def _daemon_or_database(
     database = os.path.join(target.state_dir, DB_NAME)
     if missing is not None and not os.path.exists(database):
         return missing(database)
-    with _offline(target) as offline:
+    there = None if elsewhere is None else f"the daemon there holds {elsewhere}"
+    with _offline(target, why=there) as offline:
         # Said once the database is open: a daemon elsewhere may hold it.
+        absent = "gpuwatchd is not running here"
+        if elsewhere is not None:
+            absent = f"the gpuwatchd at {target.client.url} holds {elsewhere}, not this directory"
         if writes:
             click.echo(
-                f"gpuwatchd is not running here: using the state database {database}; "
+                f"{absent}: using the state database {database}; "
                 "the daemon applies the change when it starts",
                 err=True,
             )
         else:
-            click.echo(
-                f"gpuwatchd is not running here: reading the state database {database}", err=True
-            )
+            click.echo(f"{absent}: reading the state database {database}", err=True)
         return local(offline)
 
 

@@ -19,7 +19,6 @@ from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.checks.registry import ChecksConfig
 from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.policy import PolicyConfig
-from gpuwatchd.server import API_TOKEN_NAME, ApiConfig
 from gpuwatchd.settings import Check, Seconds, load, load_file
 from gpuwatchd.sources import InfinibandSourceConfig, NvmlSourceConfig, PcieSourceConfig
 from gpuwatchd.units import format_duration
@@ -27,6 +26,14 @@ from gpuwatchd.units import format_duration
 DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
 DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
+API_TOKEN_NAME = "api-token"
+# `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix socket.
+UNIX_PREFIX = "unix:"
+# A listener's connections at most: beyond, its threads alone would take
+# gigabytes (8 MiB of stack reserved each).
+MAX_CONNECTIONS = 16384
+# The longest path a Unix socket's address holds (sun_path, unix(7)).
+MAX_UNIX_PATH_BYTES = 107
 SOURCE_NAMES = ("nvml", "infiniband", "pcie", "canary")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # A shorter interval is a busy loop, not monitoring.
@@ -56,6 +63,11 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def unix_socket_path(listen: str) -> str | None:
+    """The socket's path of `unix:<path>`; None for HOST:PORT."""
+    return listen[len(UNIX_PREFIX) :] if listen.startswith(UNIX_PREFIX) else None
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     # How often every source is read. 10 s matches dcgm-exporter's default
@@ -80,6 +92,71 @@ class DaemonConfig:
             )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    # The bearer tokens that writes need, one a line: `name:secret` or `secret`.
+    # null: <state_dir>/api-token, created (mode 0600) with a random secret at
+    # the first start.
+    token_file: str | None = None
+    # Serve HTTPS with this certificate (PEM, chain included) and its key;
+    # both or neither.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    # A write request's body may be at most this long.
+    max_body_bytes: int = 65536
+    # Connections each listener serves at once (a thread and a descriptor
+    # each): well under the 1024 descriptors systemd gives a service, so
+    # that a flood cannot starve the sources of descriptors. When all are
+    # taken, the one waiting longest for its request is closed for a new one;
+    # when every one is being answered, new ones wait in the listen backlog.
+    max_connections: int = 256
+    # A connection's request line and headers (and TLS handshake) must come
+    # within this of its accept, or it is closed: any HTTP client sends them
+    # at once, so this cuts off only idle and trickling connections (a
+    # slowloris). 5 s: the read timeout of Cloudflare's guide to Go's net/http
+    # timeouts; a few round trips across sites fit in it many times over.
+    header_timeout: Seconds = 5.0
+    # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
+    # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
+    # and can be the cluster address while the API stays on loopback; or
+    # unix:/run/gpuwatchd/api.sock, a Unix socket of mode 0660 (the daemon's
+    # user and group). null: the API is served on daemon.listen.
+    listen: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise ValueError("max_body_bytes must be more than 0")
+        if not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise ValueError(
+                f"max_connections must be 1 to {MAX_CONNECTIONS} (a thread and a descriptor "
+                f"each), got {self.max_connections}"
+            )
+        if self.header_timeout <= 0:
+            raise ValueError("header_timeout must be more than 0s")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.listen is None:
+            return
+        path = unix_socket_path(self.listen)
+        if path is None:
+            parse_listen(self.listen)
+        elif not os.path.isabs(path):
+            raise ValueError(
+                "a Unix socket is an absolute path such as unix:/run/gpuwatchd/api.sock, "
+                f"got {self.listen!r}"
+            )
+        elif len(os.fsencode(path)) > MAX_UNIX_PATH_BYTES:
+            raise ValueError(
+                f"a Unix socket's path is at most {MAX_UNIX_PATH_BYTES} bytes (unix(7)), "
+                f"got {len(os.fsencode(path))}: {path}"
+            )
+        elif self.tls_cert_file:
+            raise ValueError(
+                "the API on a Unix socket is plain HTTP (its file mode guards it): "
+                "leave tls_cert_file out, or listen on HOST:PORT"
+            )
 
 
 @dataclass(frozen=True)

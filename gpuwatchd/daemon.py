@@ -453,9 +453,13 @@ class Daemon:
     def now(self) -> float:
         return self.clock.now()
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None:
+    def quarantine(
+        self, subject: str, reason: str, operator: str
+    ) -> tuple[Decision | None, Quarantine]:
         """An operator's quarantine, in effect (and on /metrics) when this
-        returns; None when the subject was already quarantined."""
+        returns: its decision (None when the subject was already quarantined)
+        and the quarantine that stands, read before another client's release
+        can come between (review adversarial-2, row 219)."""
         with self._judging:
             now = self.clock.now()
             self._reopen_if_replaced()
@@ -465,7 +469,8 @@ class Daemon:
             if decision is not None:
                 _log_decision(decision, operator)
                 self._rejudge(now)
-        return decision
+            held = next(q for q in self.store.quarantines() if q.subject == subject)
+        return decision, held
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None:
         """An operator's release; None when the subject was not quarantined."""

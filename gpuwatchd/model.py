@@ -7,6 +7,8 @@ Everything here is immutable. A value the hardware did not give is `None`
 from __future__ import annotations
 
 import enum
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -351,7 +353,36 @@ class PortSample:
 
     @property
     def subject(self) -> str:
-        return f"ib:{self.device}/{self.port}"
+        return port_subject(self.device, self.port)
+
+
+# The characters of a device name that stand for themselves in its port's
+# subject; any other (a space, `%`, `/`, anything the kernel lets a rename
+# give it) is written %XX, each byte of its UTF-8.
+_PLAIN_DEVICE_CHARACTERS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def port_subject(device: str, port: int) -> str:
+    """`ib:<device>/<port>`, the device name %-escaped where it is more than
+    letters, digits, `_`, `.` and `-`: `mlx5 x` port 1 is `ib:mlx5%20x/1`, a
+    subject the API, the CLI and scheduler conditions can take (review
+    adversarial-2, row 101)."""
+    return f"ib:{_PLAIN_DEVICE_CHARACTERS.sub(_escaped, device)}/{port}"
+
+
+def _escaped(run: re.Match[str]) -> str:
+    # surrogateescape: a name that is not UTF-8 is listed with its bytes so.
+    return "".join(f"%{byte:02X}" for byte in run.group().encode("utf-8", "surrogateescape"))
+
+
+def port_of_subject(subject: str) -> tuple[str, int] | None:
+    """The device name and port number of an `ib:` subject; None for others."""
+    if not subject.startswith("ib:"):
+        return None
+    device, _, number = subject.removeprefix("ib:").rpartition("/")
+    if not device or not (number.isascii() and number.isdigit()):
+        return None
+    return urllib.parse.unquote(device, errors="surrogateescape"), int(number)
 
 
 # PCIe Advanced Error Reporting severities, under the label values of

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from gpuwatchd.history import History
-from gpuwatchd.model import Board, Decision, Finding, Health, Quarantine, Severity
+from gpuwatchd.model import Board, Decision, Finding, Health, Quarantine, Severity, port_subject
 from gpuwatchd.settings import Seconds
 from gpuwatchd.units import format_duration
 
@@ -50,7 +50,9 @@ NODE_SHARE_CODE = "gpu_quarantine_ratio"
 # board that is no longer on the node is named (identity.py), so that it never
 # takes the index another board now has.
 BOARD = r"GPU-[0-9A-Fa-f-]{1,64}"
-SUBJECT_PATTERN = re.compile(rf"^(node|gpu:(\d+|{BOARD})|nvlink:(\d+|{BOARD})/\d+|ib:[\w.-]+/\d+)$")
+# A port's device name is escaped (model.port_subject): `ib:mlx5%20x/1`.
+PORT = r"ib:(?:[A-Za-z0-9_.-]|%[0-9A-F]{2})+/\d+"
+SUBJECT_PATTERN = re.compile(rf"^(node|gpu:(\d+|{BOARD})|nvlink:(\d+|{BOARD})/\d+|{PORT})$")
 _GPU_OF = re.compile(r"^(?:gpu:(\d+)|nvlink:(\d+)/\d+)$")
 _ABSENT = re.compile(rf"^(?:gpu:{BOARD}|nvlink:{BOARD}/\d+)$")
 
@@ -200,7 +202,7 @@ def observed_subjects(history: History) -> tuple[str, ...]:
         latest = history.latest_gpu(index)
         links = latest.nvlinks if latest is not None else ()
         subjects.extend(f"nvlink:{link.gpu}/{link.link}" for link in links)
-    subjects.extend(f"ib:{device}/{port}" for device, port in history.port_keys())
+    subjects.extend(port_subject(device, port) for device, port in history.port_keys())
     return tuple(subjects)
 
 

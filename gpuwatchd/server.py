@@ -26,7 +26,6 @@ serve, a malformed request line, headers too long), is JSON `{"error": ...}`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hmac
@@ -43,16 +42,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from gpuwatchd import unix_socket
 from gpuwatchd.actions.manual import (
     check_on_node,
     check_text,
     node_subjects,
     resolve_subject,
 )
+from gpuwatchd.config import UNIX_PREFIX, ApiConfig
+from gpuwatchd.connections import Connection, Connections
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
@@ -63,80 +65,21 @@ from gpuwatchd.units import parse_moment
 
 log = logging.getLogger(__name__)
 
-API_TOKEN_NAME = "api-token"
 QUARANTINES = "/api/v1/quarantines"
 JOURNAL_DAYS_DEFAULT = 1.0
 MAX_JOURNAL_ENTRIES = 10000
 MAX_OPERATOR_CHARS = 64
-# A client that sends nothing for this long is cut off, so that slow or idle
-# connections cannot hold the listener's threads.
+# A request body or an answer that stalls this long ends its connection (the
+# request line and headers have their own deadline: api.header_timeout).
 REQUEST_TIMEOUT_SECONDS = 30.0
 SHUTDOWN_POLL_SECONDS = 0.1
 MAX_TOKEN_FILE_BYTES = 1 << 16
 # Connections the kernel queues before the listener accepts them: a fleet's
 # scrapers and a burst of API clients (socketserver's default is 5).
 LISTEN_BACKLOG = 1024
-# Connections served at once; more are closed at once. Well under the usual
-# 1024 file descriptors, so that a flood of idle connections cannot starve
-# the sources of descriptors or the listener of threads.
-MAX_CONNECTIONS = 256
-# `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix
-# socket, which only the daemon's user and group may connect to.
-UNIX_PREFIX = "unix:"
+# A Unix socket's mode: only the daemon's user and group may connect.
 UNIX_SOCKET_MODE = 0o660
 WRITE_FIELDS = frozenset({"subject", "reason", "operator"})
-
-
-def _check_positive(value: int) -> None:
-    if value <= 0:
-        raise ValueError("max_body_bytes must be more than 0")
-
-
-@dataclass(frozen=True)
-class ApiConfig:
-    # The bearer tokens that writes need, one a line: `name:secret` or `secret`.
-    # null: <state_dir>/api-token, created (mode 0600) with a random secret at
-    # the first start.
-    token_file: str | None = None
-    # Serve HTTPS with this certificate (PEM, chain included) and its key;
-    # both or neither.
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    # A write request's body may be at most this long.
-    max_body_bytes: int = 65536
-    # HOST:PORT for the control API (/api/v1/) apart from /metrics: with it
-    # set, daemon.listen serves /metrics, /healthz and /api/v1/status only,
-    # and can be the cluster address while the API stays on loopback; or
-    # unix:/run/gpuwatchd/api.sock, a Unix socket of mode 0660 (the daemon's
-    # user and group). null: the API is served on daemon.listen.
-    listen: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_positive(self.max_body_bytes)
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file go together")
-        if self.listen is None:
-            return
-        path = unix_socket_path(self.listen)
-        if path is None:
-            from gpuwatchd.config import parse_listen  # config imports this module
-
-            parse_listen(self.listen)
-        elif not os.path.isabs(path):
-            raise ValueError(
-                "a Unix socket is an absolute path such as unix:/run/gpuwatchd/api.sock, "
-                f"got {self.listen!r}"
-            )
-        elif self.tls_cert_file:
-            raise ValueError(
-                "the API on a Unix socket is plain HTTP (its file mode guards it): "
-                "leave tls_cert_file out, or listen on HOST:PORT"
-            )
-
-
-def unix_socket_path(listen: str) -> str | None:
-    """The socket's path of `unix:<path>`; None for HOST:PORT."""
-    return listen[len(UNIX_PREFIX) :] if listen.startswith(UNIX_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -212,7 +155,9 @@ class Control(Protocol):
 
     def now(self) -> float: ...
 
-    def quarantine(self, subject: str, reason: str, operator: str) -> Decision | None: ...
+    def quarantine(
+        self, subject: str, reason: str, operator: str
+    ) -> tuple[Decision | None, Quarantine]: ...
 
     def release(self, subject: str, reason: str, operator: str) -> Decision | None: ...
 
@@ -238,6 +183,19 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuwatchd"
     timeout = REQUEST_TIMEOUT_SECONDS
     token: Token  # the write request's, once authenticated
+
+    def __init__(self, connection: Connection, client_address: Any, server: StatusServer) -> None:
+        self.slot = connection
+        super().__init__(connection.sock, client_address, server)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if not self.server.connections.answering(self.slot):
+            # Cut off while its headers came (too slowly, or for a newer
+            # connection): what was read may be cut short too.
+            self.close_connection = True
+            return False
+        return parsed
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The errors http.server sends itself (a malformed request line, a
@@ -312,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
             healthy, why = self.server.liveness()
             self._send(200 if healthy else 503, (why + "\n").encode(), "text/plain")
         elif path == "/api/v1/status":
-            self.send_json(200, to_json(self.server.current()))
+            self.send_json(200, self.server.status())
         elif path == QUARANTINES and control is not None:
             self._answer(lambda: (200, {"quarantines": _quarantines_json(control)}))
         elif path == "/api/v1/journal" and control is not None:
@@ -457,8 +415,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body(required=True)
         subject = self._subject(body.get("subject"), control)
         reason = self._reason(body, required=True)
-        decision = control.quarantine(subject, reason, self._operator(body))
-        held = next(q for q in control.quarantines() if q.subject == subject)
+        decision, held = control.quarantine(subject, reason, self._operator(body))
         # 200 and no decision: it was already quarantined, and that one stands.
         return (200 if decision is None else 201), {
             "decision": dataclasses.asdict(decision) if decision is not None else None,
@@ -515,8 +472,11 @@ def base_url(host: str, port: int, tls: bool) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-class StatusServer(ThreadingHTTPServer):
-    daemon_threads = True
+class StatusServer(HTTPServer):
+    """The listener: each connection in its own thread, in a slot of
+    `connections` (gpuwatchd.connections: how many at once, and how long a
+    request line and headers may take)."""
+
     request_queue_size = LISTEN_BACKLOG
 
     def __init__(
@@ -529,8 +489,11 @@ class StatusServer(ThreadingHTTPServer):
         control: Control | None = None,
         token_file: str = "",
         api: ApiConfig | None = None,
+        state_dir: str | None = None,
     ) -> None:
-        """Without `control` the API serves status only (no quarantines, journal or writes)."""
+        """Without `control` the API serves status only (no quarantines, journal or writes).
+        `state_dir`, the daemon's, is said in the status: the CLI asks the
+        daemon for what a database it holds has only if it holds that one."""
         api = api or ApiConfig()
         self.tls: ssl.SSLContext | None = None
         if api.tls_cert_file and api.tls_key_file:
@@ -546,10 +509,11 @@ class StatusServer(ThreadingHTTPServer):
         self.clock_now = clock_now
         self.control = control
         self.token_file = token_file
+        self.state_dir = state_dir
         self.max_body_bytes = api.max_body_bytes
         self._thread: threading.Thread | None = None
-        self._connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.turned_away = 0  # connections closed at once, over MAX_CONNECTIONS
+        self._stopping = threading.Event()
+        self.connections = Connections(api.max_connections, api.header_timeout)
 
     def get_request(self) -> tuple[Any, Any]:
         try:
@@ -563,22 +527,47 @@ class StatusServer(ThreadingHTTPServer):
             raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._connections.acquire(blocking=False):
-            self.turned_away += 1
-            log.debug("%s turned away: %d connections open", client_address[0], MAX_CONNECTIONS)
+        connection = self.connections.admit(request, self._stopping.is_set)
+        if connection is None:
             self.shutdown_request(request)
             return
+        thread = threading.Thread(
+            target=self._serve, args=(connection, client_address), name="http-client", daemon=True
+        )
         try:
-            super().process_request(request, client_address)
+            thread.start()
         except BaseException:
-            self._connections.release()
+            self.connections.close(connection)
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def service_actions(self) -> None:
+        # Between accepts, and ten times a second while none come.
+        self.connections.expire()
+
+    def _serve(self, connection: Connection, client_address: Any) -> None:
+        """One connection, in its own thread."""
         try:
-            super().process_request_thread(request, client_address)
+            if self.tls is None or self._handshake(self.tls, connection, client_address):
+                _Handler(connection, client_address, self)
+        except Exception:
+            self.handle_error(connection.sock, client_address)
         finally:
-            self._connections.release()
+            self.connections.close(connection)
+            self.shutdown_request(connection.sock)
+
+    def _handshake(self, tls: ssl.SSLContext, connection: Connection, client_address: Any) -> bool:
+        """The TLS handshake, in the connection's own thread (a slow or silent
+        client cannot hold up the accept loop) and within its header deadline."""
+        connection.sock.settimeout(REQUEST_TIMEOUT_SECONDS)
+        wrapped = tls.wrap_socket(connection.sock, server_side=True, do_handshake_on_connect=False)
+        if not self.connections.wrapped(connection, wrapped):
+            return False
+        try:
+            wrapped.do_handshake()
+        except (ssl.SSLError, OSError) as error:
+            log.debug("TLS handshake with %s failed: %s", client_address[0], error)
+            return False
+        return True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away is one debug line; anything else a logged traceback."""
@@ -588,17 +577,11 @@ class StatusServer(ThreadingHTTPServer):
         else:
             log.exception("request from %s failed", client_address[0])
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the request's own thread: a slow or
-        # silent client cannot hold up the accept loop.
-        if self.tls is not None:
-            request.settimeout(REQUEST_TIMEOUT_SECONDS)
-            try:
-                request = self.tls.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as error:
-                log.debug("TLS handshake with %s failed: %s", client_address[0], error)
-                return
-        super().finish_request(request, client_address)
+    def status(self) -> dict[str, Any]:
+        document = to_json(self.current())
+        if self.state_dir is not None:
+            document["state_dir"] = self.state_dir
+        return document
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while polls keep coming: a stuck poll loop fails /healthz."""
@@ -623,6 +606,7 @@ class StatusServer(ThreadingHTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         self.shutdown()
         self.server_close()
 
@@ -630,22 +614,14 @@ class StatusServer(ThreadingHTTPServer):
 class UnixStatusServer(StatusServer):
     """The listener on a Unix socket (`api.listen: unix:<path>`), mode 0660:
     reaching the API takes the daemon's user or group, and writes still take
-    a token. A socket left by a daemon that died is replaced; one another
-    process listens on is not."""
+    a token. A socket left by a daemon that died is replaced; anything else
+    at the path is refused and left as it was (gpuwatchd.unix_socket)."""
 
     address_family = socket.AF_UNIX
+    bound: unix_socket.Bound | None = None  # the socket file this listener made
 
     def server_bind(self) -> None:
-        path = str(self.server_address)
-        _remove_stale_socket(path)
-        # Created 0600 whatever the umask, then opened to the group: no moment
-        # when others could connect.
-        previous = os.umask(0o177)
-        try:
-            self.socket.bind(path)
-        finally:
-            os.umask(previous)
-        os.chmod(path, UNIX_SOCKET_MODE)
+        self.bound = unix_socket.bind(self.socket, str(self.server_address), UNIX_SOCKET_MODE)
         self.server_name, self.server_port = "localhost", 0
 
     def get_request(self) -> tuple[Any, Any]:
@@ -659,22 +635,9 @@ class UnixStatusServer(StatusServer):
         return f"{UNIX_PREFIX}{self.server_address}"
 
     def server_close(self) -> None:
+        # Also called when server_bind refused the path: then nothing was
+        # bound, and nothing is removed.
         super().server_close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(str(self.server_address))
-
-
-def _remove_stale_socket(path: str) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # nobody listens: a dead daemon's
-            return
-    raise OSError(errno.EADDRINUSE, f"another process listens on {path}")
+        bound, self.bound = self.bound, None
+        if bound is not None and not bound.remove():
+            log.warning("%s is no longer the socket this daemon bound: left as it is", bound.path)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import socket
 import subprocess
 import sys
@@ -236,9 +237,18 @@ def write_config(path: Path, state_dir: Path, port: int, extra: dict[str, Any]) 
 
 @contextlib.contextmanager
 def daemon_process(
-    config_path: Path, simulate: str = "calm", interval: str = "200ms"
+    config_path: Path,
+    simulate: str = "calm",
+    interval: str = "200ms",
+    descriptors: int | None = None,
 ) -> Iterator[DaemonProcess]:
-    """`gpuwatchd run --simulate` with a config; yields once it has polled."""
+    """`gpuwatchd run --simulate` with a config, and at most `descriptors`
+    open files when given; yields once it has polled."""
+
+    def limit() -> None:
+        if descriptors is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+
     config = yaml.safe_load(config_path.read_text())
     url = f"http://{config['daemon']['listen']}"
     process = subprocess.Popen(
@@ -257,6 +267,7 @@ def daemon_process(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=limit,
     )
     running = DaemonProcess(process, url, config_path, Path(config["daemon"]["state_dir"]))
     try:

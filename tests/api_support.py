@@ -16,7 +16,8 @@ from typing import Any
 
 from daemon_support import SimulatedDaemon, simulated_daemon
 
-from gpuwatchd.server import ApiConfig, StatusServer
+from gpuwatchd.config import ApiConfig
+from gpuwatchd.server import StatusServer
 
 SCENARIO = "node: {gpus: 4, nvlinks: 4, hcas: 2}\nfaults: []\n"
 

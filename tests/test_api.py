@@ -6,6 +6,7 @@ on /metrics when the request returns; bodies are validated; TLS works."""
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import stat
 import subprocess
@@ -18,8 +19,14 @@ from typing import Any
 import pytest
 from api_support import SCENARIO, Api, api_on, serve
 from daemon_support import simulated_daemon
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuwatchd.server import ApiConfig, ensure_token_file, read_tokens
+from gpuwatchd.actions.kubernetes import condition_type
+from gpuwatchd.config import ApiConfig
+from gpuwatchd.model import port_of_subject, port_subject
+from gpuwatchd.policy import validate_subject
+from gpuwatchd.server import ensure_token_file, read_tokens
 
 
 @pytest.fixture
@@ -198,3 +205,32 @@ def test_tls_serves_the_api_with_the_configured_certificate(tmp_path: Path) -> N
                 urllib.request.urlopen(f"{plain}/healthz", timeout=5)
         finally:
             server.stop()
+
+
+# What the kernel may name an InfiniBand device (a rename takes any bytes but
+# '/' and NUL, up to 63), as os.listdir gives it: undecodable bytes escaped.
+DEVICE_NAMES = st.binary(min_size=1, max_size=63).filter(
+    lambda name: b"/" not in name and b"\0" not in name
+).map(os.fsdecode) | st.text(
+    st.characters(blacklist_characters="/\0", blacklist_categories=("Cs",)), min_size=1
+)
+QUALIFIED = re.compile(r"^gpuwatchd\.io/[A-Za-z0-9_.-]+$")
+
+
+@given(device=DEVICE_NAMES, port=st.integers(1, 255))
+def test_any_infiniband_device_makes_a_subject_the_api_and_schedulers_take(
+    device: str, port: int
+) -> None:
+    # Review adversarial-2, row 101: 'mlx5 x' made `ib:mlx5 x/1`, which the
+    # API refused. Escaped, each name is a subject of its own that names it back.
+    subject = port_subject(device, port)
+    assert validate_subject(subject) == subject
+    assert port_of_subject(subject) == (device, port)
+    assert QUALIFIED.match(condition_type(subject))
+
+
+def test_a_device_name_of_plain_characters_is_its_subject_as_it_was() -> None:
+    assert port_subject("mlx5_0", 1) == "ib:mlx5_0/1"
+    assert port_subject("hfi1-0.a", 2) == "ib:hfi1-0.a/2"
+    assert port_subject("mlx5 x", 1) == "ib:mlx5%20x/1"
+    assert port_subject("50%", 1) == "ib:50%25/1"

@@ -151,7 +151,7 @@ def test_an_operators_quarantine_names_the_board_in_the_state_and_the_journal(
     with boot(tmp_path, "[]", start=1000.0) as sim:
         boards = uuids(sim)
         sim.run_until(20)
-        decision = sim.daemon.quarantine("gpu:3", "fans at 100%", "alice")
+        decision, _ = sim.daemon.quarantine("gpu:3", "fans at 100%", "alice")
         assert decision is not None and decision.uuid == boards[3]
         quarantine = {q.subject: q for q in sim.daemon.quarantines()}["gpu:3"]
         assert (quarantine.uuid, quarantine.last_index) == (boards[3], 3)

@@ -212,3 +212,42 @@ def test_a_database_held_by_a_daemon_the_cli_cannot_reach_is_one_message(
             timeout=30,
         )
         assert probe.stdout == "database is locked\n"
+
+
+def test_journal_of_a_held_database_never_prints_another_daemons_under_its_name(
+    tmp_path: Path,
+) -> None:
+    # Review adversarial-2, row 289: `journal --state-dir A` with a config
+    # whose address is daemon B's printed B's journal as A's.
+    a_state, b_state = tmp_path / "a", tmp_path / "b"
+    port = free_port()
+    b_config = write_config(tmp_path / "b.yaml", b_state, port, {})
+    with daemon_process(b_config):
+        added = CliRunner().invoke(
+            main, ["quarantine", "add", "gpu:2", "--reason", "on B", "--config", str(b_config)]
+        )
+        assert added.exit_code == 0, added.output
+        # A's database, held as its own daemon (listening elsewhere) holds it.
+        with closing(Store.open(str(a_state), exclusive=True)) as a_store:
+            a_store.journal.note("note", "node", "on A", time.time())
+            asked = ["journal", "--since", "1h", "--config", str(b_config)]
+            result = CliRunner().invoke(main, [*asked, "--state-dir", str(a_state)])
+            own = CliRunner().invoke(main, [*asked, "--state-dir", str(b_state)])
+            # Nor are its quarantines listed, or made, as A's.
+            on_a = ["--config", str(b_config), "--state-dir", str(a_state)]
+            listed = CliRunner().invoke(main, ["quarantine", "list", *on_a])
+            made = CliRunner().invoke(main, ["quarantine", "add", "gpu:3", "--reason", "x", *on_a])
+        b_quarantines = CliRunner().invoke(main, ["quarantine", "list", "--config", str(b_config)])
+    for refused in (listed, made):
+        assert refused.exit_code == 2, refused.output
+        assert f"(the daemon there holds {b_state})" in refused.output
+    assert "gpu:2" not in listed.output
+    assert "gpu:3" not in b_quarantines.output and "gpu:2" in b_quarantines.output
+    assert result.exit_code == 2, result.output
+    assert "on B" not in result.output
+    assert result.output.startswith(
+        f"Error: the state database {a_state / 'state.db'} is held by a running gpuwatchd, "
+        f"which does not answer at http://127.0.0.1:{port} (the daemon there holds {b_state})"
+    )
+    assert own.exit_code == 0, own.output
+    assert "on B" in own.stdout

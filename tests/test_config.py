@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,13 @@ def test_the_bounds_keep_what_a_real_node_needs() -> None:
     )
     assert config.canary.seed == 2**64 - 1 and config.checks.xid.ignore == (1, 999)
     assert config.daemon.journal_retention == 3600.0
+
+
+def test_the_configuration_is_read_without_the_listener() -> None:
+    # config reads the settings and server serves them: config never imports
+    # the listener (the two once imported each other over ApiConfig).
+    probe = "import sys, gpuwatchd.config; print('gpuwatchd.server' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert loaded.stdout.strip() == "False"

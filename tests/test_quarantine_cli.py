@@ -32,7 +32,7 @@ from actions_support import (
 from click.testing import CliRunner, Result
 
 from gpuwatchd.cli import main
-from gpuwatchd.server import ApiConfig
+from gpuwatchd.config import ApiConfig
 
 OPERATOR = getpass.getuser()
 
@@ -327,13 +327,21 @@ def test_the_api_on_a_unix_socket_is_group_only_and_the_cli_uses_it(tmp_path: Pa
             )
             assert taken.returncode == 1
             assert f"another process listens on {socket_path}" in taken.stderr
-        assert not socket_path.exists()
+            # ...and the first keeps it (review adversarial-2, row 271).
+            listed = cli("quarantine", "list", "--node", f"unix:{socket_path}")
+            assert listed.exit_code == 0, listed.output
+            # SIGTERM: the daemon removes its socket as it stops.
+            running.stop()
+            assert not socket_path.exists()
     finally:
         shutil.rmtree(run)
 
 
-def test_a_unix_socket_api_must_be_an_absolute_path_without_tls() -> None:
+def test_a_unix_socket_api_must_be_a_short_absolute_path_without_tls() -> None:
     with pytest.raises(ValueError, match="absolute path"):
         ApiConfig(listen="unix:api.sock")
+    # Review adversarial-2, row 279: bind's own refusal said "None".
+    with pytest.raises(ValueError, match="at most 107 bytes"):
+        ApiConfig(listen=f"unix:/run/{'d' * 100}/api.sock")
     with pytest.raises(ValueError, match="plain HTTP"):
         ApiConfig(listen="unix:/run/x.sock", tls_cert_file="c.pem", tls_key_file="k.pem")

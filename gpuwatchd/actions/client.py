@@ -26,11 +26,10 @@ from typing import Any
 
 from gpuwatchd.actions.dispatch import manual_events, node_name
 from gpuwatchd.actions.manual import check_on_node, node_subjects, resolve_subject
-from gpuwatchd.config import Config
+from gpuwatchd.config import Config, unix_socket_path
 from gpuwatchd.identity import Roster
 from gpuwatchd.model import Board, Decision, Quarantine
 from gpuwatchd.policy import NODE
-from gpuwatchd.server import unix_socket_path
 from gpuwatchd.store import LOCK_WAIT_SECONDS, EventsOf, Store
 
 REQUEST_TIMEOUT_SECONDS = 10.0

@@ -31,6 +31,7 @@ import base64
 import datetime
 import json
 import os
+import re
 import socket
 import ssl
 import tempfile
@@ -86,8 +87,12 @@ class ApiServer:
 
 
 def condition_type(subject: str) -> str:
-    """`gpu:3` -> `gpuwatchd.io/gpu-3`: a qualified name, as condition types are."""
-    return f"{DOMAIN}/{subject.replace(':', '-').replace('/', '-')}"
+    """`gpu:3` -> `gpuwatchd.io/gpu-3`: a qualified name, as condition types
+    are (so the `%` of an escaped port subject, `ib:mlx5%20x/1`, goes too)."""
+    return f"{DOMAIN}/{_UNQUALIFIED.sub('-', subject)}"
+
+
+_UNQUALIFIED = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def in_cluster(root: Path = SERVICE_ACCOUNT) -> ApiServer:

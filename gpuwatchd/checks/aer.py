@@ -41,7 +41,7 @@ from gpuwatchd.checks.common import NODE, gpu_subject
 from gpuwatchd.checks.pcie import allowed_replays_per_minute
 from gpuwatchd.counters import Increase
 from gpuwatchd.history import History, Track
-from gpuwatchd.model import Action, Finding, PcieFunctionSample, Severity
+from gpuwatchd.model import Action, Finding, PcieFunctionSample, Severity, port_subject
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.pcie import canonical_address
 
@@ -81,7 +81,7 @@ def _subjects(function: PcieFunctionSample, history: History, gpus: dict[str, st
     if function.kind == "gpu":
         return [gpus[function.address]] if function.address in gpus else []
     ports = history.port_keys()
-    return [f"ib:{device}/{port}" for device, port in ports if device == function.name]
+    return [port_subject(device, port) for device, port in ports if device == function.name]
 
 
 def run(history: History, now: float, config: AerConfig) -> CheckOutput:

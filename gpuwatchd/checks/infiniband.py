@@ -46,7 +46,16 @@ from gpuwatchd.counters import (
     until_saturated,
 )
 from gpuwatchd.history import Column, History, Track, series
-from gpuwatchd.model import Action, Finding, Measurement, PortSample, Reading, Severity
+from gpuwatchd.model import (
+    Action,
+    Finding,
+    Measurement,
+    PortSample,
+    Reading,
+    Severity,
+    port_of_subject,
+    port_subject,
+)
 from gpuwatchd.settings import Seconds
 from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.units import format_duration
@@ -181,7 +190,7 @@ class _Verdicts:
 
 
 def _subject(port: Port) -> str:
-    return f"ib:{port[0]}/{port[1]}"
+    return port_subject(*port)
 
 
 def _listed(port: Port, patterns: Sequence[str]) -> bool:
@@ -551,11 +560,6 @@ def learned_ports(readings: Iterable[Reading]) -> set[str]:
     }
 
 
-def _port_of(subject: str) -> Port | None:
-    device, _, number = subject.removeprefix("ib:").rpartition("/")
-    return (device, int(number)) if device and number.isascii() and number.isdigit() else None
-
-
 def _missing(
     port: Port, last_seen: float | None, now: float, learned: bool, out: _Verdicts
 ) -> None:
@@ -586,7 +590,7 @@ def run(
         # No InfiniBand reading yet: nothing is known, so nothing is judged.
         return CheckOutput()
     ports = history.port_keys()
-    remembered = {port for port in map(_port_of, learned) if port is not None}
+    remembered = {port for port in map(port_of_subject, learned) if port is not None}
     out = _Verdicts()
     expected = _expected(history, ports, config, remembered)
     for port in ports:

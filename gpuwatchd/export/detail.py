@@ -24,7 +24,7 @@ from typing import Literal
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from gpuwatchd.model import Finding, Health, Severity
+from gpuwatchd.model import Finding, Health, Severity, port_subject
 
 Detail = Literal["full", "compact"]
 CanaryCores = Literal["failed", "all"]
@@ -65,14 +65,14 @@ def link_subject(sample: Sample) -> str | None:
     return None if gpu is None or link is None else f"nvlink:{gpu}/{link}"
 
 
-def port_subject(sample: Sample) -> str | None:
+def sample_port_subject(sample: Sample) -> str | None:
     device, port = sample.labels.get("device"), sample.labels.get("port")
-    return None if device is None or port is None else f"ib:{device}/{port}"
+    return None if device is None or port is None else port_subject(device, int(port))
 
 
 def measurement_subject(sample: Sample) -> str | None:
     """The subject a check's derived value is about, by its labels."""
-    return port_subject(sample) or link_subject(sample) or gpu_subject(sample)
+    return sample_port_subject(sample) or link_subject(sample) or gpu_subject(sample)
 
 
 def only_for(family: Metric, subjects: Collection[str], subject_of: SubjectOf) -> Metric:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.export.detail import compacted, port_subject, troubled
+from gpuwatchd.export.detail import compacted, sample_port_subject, troubled
 from gpuwatchd.model import InfinibandDevice, PortSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -235,7 +235,7 @@ def families(snapshot: Snapshot) -> list[Metric]:
             (*_gauges(ports), *_counters(ports), _hw_counters(ports)),
             snapshot.export,
             flagged,
-            port_subject,
+            sample_port_subject,
             COMPACT_PORT_FAMILIES,
         ),
     ]
