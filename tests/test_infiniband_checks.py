@@ -16,6 +16,7 @@ from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.infiniband import NAME, InfinibandCheckConfig, run
 from gpuwatchd.history import History
 from gpuwatchd.model import Action, Finding, Severity
+from gpuwatchd.policy import validate_subject
 from gpuwatchd.settings import load
 from gpuwatchd.sim.infiniband import SimulatedFabric
 from gpuwatchd.sim.scenario import parse
@@ -123,6 +124,24 @@ def test_ib_port_down_on_a_port_seen_active_is_critical(sysfs: Path) -> None:
     back = node.until(200)
     assert ("ib:mlx5_1/1", "ib_port_down") not in codes(back)
     assert found(back, "ib_link_flapping", "ib:mlx5_1/1").severity is Severity.WARN
+
+
+def test_a_port_of_a_device_whose_name_has_a_space_is_judged_under_its_escaped_subject(
+    sysfs: Path,
+) -> None:
+    # Review adversarial-2, row 101: a device renamed 'mlx5 x' (an RDMA rename
+    # may give any name) was not read at all; now its faults are decided on
+    # `ib:mlx5%20x/1`, a subject the API and the schedulers take.
+    node = Node(sysfs, "{at: 60s, kind: ib_port_down, hca: mlx5_1, port: 1, for: 2m}")
+    node.source = InfinibandSource(
+        InfinibandSourceConfig(sysfs_root=str(sysfs), exclude_devices=("mlx5_1",))
+    )
+    node.poll()
+    (sysfs / "class" / "infiniband" / "mlx5 x").symlink_to("mlx5_1")
+    down = found(node.until(70), "ib_port_down", "ib:mlx5%20x/1")
+    assert down.severity is Severity.CRITICAL
+    assert validate_subject(down.subject) == down.subject
+    assert measured(node.outputs[-1], "symbol_error_ratio", "mlx5 x") == 0.0
 
 
 def test_a_port_down_since_boot_is_expected_only_when_listed(sysfs: Path) -> None:

@@ -513,13 +513,30 @@ def test_a_ports_entry_that_is_no_ascii_number_is_skipped_and_the_rest_read(
     assert [(port.device, port.port) for port in reading.ports or ()] == [("mlx5_0", 1)]
 
 
-def test_a_device_whose_name_no_subject_can_carry_is_skipped_with_one_log_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_a_device_of_any_printable_name_is_read_and_its_port_a_subject_of_its_own(
+    tmp_path: Path,
 ) -> None:
+    # Review adversarial-2, row 101: 'mlx5 x' was skipped so that no subject
+    # had to carry it; port_subject escapes it (ib:mlx5%20x/1), so it is read.
     make_port(tmp_path, device="mlx5_0")
     make_port(tmp_path, device="mlx5 x")
+    reading = read(tmp_path)
+    assert [port.device for port in reading.ports or ()] == ["mlx5 x", "mlx5_0"]
+    assert [port.subject for port in reading.ports or ()] == ["ib:mlx5%20x/1", "ib:mlx5_0/1"]
+    assert 'device="mlx5 x"' in render(reading)
+
+
+def test_a_device_whose_name_is_no_printable_utf8_is_skipped_with_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Such a name cannot be a Prometheus label value (the exposition is UTF-8).
+    make_port(tmp_path, device="mlx5_0")
+    make_port(tmp_path, device=os.fsdecode(b"mlx5\xff"))
+    make_port(tmp_path, device="mlx5\tx")
     source = InfinibandSource(InfinibandSourceConfig(sysfs_root=str(tmp_path)))
     with caplog.at_level(logging.INFO):
         readings = [source.poll(float(t)) for t in range(3)]
     assert all([p.device for p in r.ports or ()] == ["mlx5_0"] for r in readings)
-    assert len(logged(caplog, "'mlx5 x' is not read")) == 1
+    assert len(logged(caplog, "'mlx5\\udcff' is not read")) == 1
+    assert len(logged(caplog, "'mlx5\\tx' is not read")) == 1
+    render(readings[-1]).encode("utf-8")

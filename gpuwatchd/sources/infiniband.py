@@ -96,10 +96,6 @@ _U64_DIGITS = len(str(U64_MAX))
 MAX_STATE = 255
 # Far above any link there is (12X XDR is 2400 Gb/s): a larger rate is garbage.
 MAX_RATE_GBPS = 100_000.0
-# Device names the daemon can name as a subject (`ib:<device>/<port>`) and an
-# operator can quarantine or release; the kernel's own names (mlx5_0,
-# mlx5_bond_0, ibp12s0, hfi1_0, irdma0) all are.
-_DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 def read_attribute(path: str) -> str:
@@ -322,12 +318,15 @@ class InfinibandSource:
         return Reading(source=self.name, time=now, infiniband_devices=(), ports=(), error=reason)
 
     def _nameable(self, name: str) -> bool:
-        if _DEVICE_NAME_RE.match(name):
+        """Any printable name makes a subject (port_subject writes what a subject
+        cannot spell as %XX); bytes that are not UTF-8, or control characters,
+        cannot be a Prometheus label value or a log line an operator can read."""
+        if name.isprintable():
             return True
         self._report_once(
-            f"{self._class_dir}/{name}",
-            f"ib: device {_clipped(name)} is not read: only letters, digits, '_', '.' and "
-            "'-' make a subject (ib:<device>/<port>) an operator can quarantine or release",
+            f"{self._class_dir}/{name!a}",
+            f"ib: device {_clipped(name)} is not read: a name of bytes that are "
+            "not printable UTF-8 cannot label a metric",
             missing=False,
         )
         return False
