@@ -144,14 +144,22 @@ _RANGE = re.compile(r"\[(\w+)(?::(\w+))?\]")
 _OFFSET = re.compile(r"\boffset (\w+)")
 
 
-def _seconds(duration: str) -> float:
+def duration_seconds(duration: str) -> float:
     parts = _DURATION.findall(duration)
     assert "".join(n + u for n, u in parts) == duration, f"not a duration: {duration}"
     return sum(int(number) * _UNIT_SECONDS[unit] for number, unit in parts)
 
 
 def _scaled(duration: str, scale: float) -> str:
-    return f"{max(1, round(_seconds(duration) / scale))}s"
+    return f"{max(1, round(duration_seconds(duration) / scale))}s"
+
+
+def lookback(expr: str) -> float:
+    """Seconds an expression reaches into the past: its longest range window
+    (or subquery range) plus its longest offset."""
+    windows = [duration_seconds(match.group(1)) for match in _RANGE.finditer(expr)]
+    offsets = [duration_seconds(match.group(1)) for match in _OFFSET.finditer(expr)]
+    return max(windows, default=0.0) + max(offsets, default=0.0)
 
 
 def scale_rules(document: dict[str, Any], scale: float) -> dict[str, Any]:
@@ -254,10 +262,16 @@ def get_json(url: str, timeout: float = 10.0) -> Any:
         return json.load(response)
 
 
-def instant_query(url: str, expr: str) -> list[dict[str, Any]]:
-    """An instant query's result from the Prometheus HTTP API at `url`."""
-    params = urllib.parse.urlencode({"query": expr})
-    answer = get_json(f"{url}/api/v1/query?{params}")
+# A query is given as long as Prometheus gives it (its --query.timeout): on a
+# busy machine a dashboard's range query over the stack's life takes seconds.
+QUERY_TIMEOUT_S = 120.0
+
+
+def instant_query(url: str, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+    """An instant query's result from the Prometheus HTTP API at `url`, now
+    or at the time `at`."""
+    params = urllib.parse.urlencode({"query": expr} | ({} if at is None else {"time": at}))
+    answer = get_json(f"{url}/api/v1/query?{params}", QUERY_TIMEOUT_S)
     result: list[dict[str, Any]] = answer["data"]["result"]
     return result
 
@@ -478,18 +492,27 @@ class Stack(Services):
             ],
         )
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """An instant query's result."""
-        return instant_query(self.prometheus_url, expr)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result, now or at the time `at`."""
+        return instant_query(self.prometheus_url, expr, at)
 
     def query_range(self, expr: str, step_seconds: float = 2.0) -> list[dict[str, Any]]:
         """A range query's result from the stack's start to now."""
         params = urllib.parse.urlencode(
             {"query": expr, "start": self.started, "end": time.time(), "step": step_seconds}
         )
-        answer = get_json(f"{self.prometheus_url}/api/v1/query_range?{params}")
+        answer = get_json(f"{self.prometheus_url}/api/v1/query_range?{params}", QUERY_TIMEOUT_S)
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result
+
+    def metric_names(self) -> set[str]:
+        """The names of the daemons' series Prometheus has stored since the
+        stack started (the series index, not a query of their samples)."""
+        params = urllib.parse.urlencode(
+            {"match[]": f'{{job="{JOB}"}}', "start": self.started, "end": time.time()}
+        )
+        url = f"{self.prometheus_url}/api/v1/label/__name__/values?{params}"
+        return set(get_json(url, QUERY_TIMEOUT_S)["data"])
 
 
 def stop_on_signal() -> threading.Event:
