@@ -566,6 +566,11 @@ class Quarantine:
     last_index: int | None = None
     pci_bus_id: str | None = None
 
+    @property
+    def fault_code(self) -> str | None:
+        """The fault code of the finding that quarantined it; None for a manual one."""
+        return fault_code(self.code)
+
 
 @dataclass(frozen=True)
 class Decision:

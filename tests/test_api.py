@@ -65,6 +65,21 @@ def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api
     ]
 
 
+def test_findings_quarantines_and_journal_entries_carry_their_fault_code(api: Api) -> None:
+    api.request("POST", "/api/v1/quarantines", {"subject": "gpu:2", "reason": "fan noise"})
+    # One GPU of four quarantines the node, for its own finding.
+    _, status = api.request("GET", "/api/v1/status", token=None)
+    [node] = [s for s in status["subjects"] if s["subject"] == "node"]
+    assert ("gpu_quarantine_ratio", "GW-1901") in {
+        (f["code"], f["fault_code"]) for f in node["findings"]
+    }
+    _, listed = api.request("GET", "/api/v1/quarantines", token=None)
+    held = {q["subject"]: q["fault_code"] for q in listed["quarantines"]}
+    assert held == {"gpu:2": None, "node": "GW-1901"}  # a manual quarantine names no fault
+    _, journal = api.request("GET", "/api/v1/journal?since=1h&subject=node", token=None)
+    assert ("quarantine", "GW-1901") in {(e["kind"], e["fault_code"]) for e in journal["entries"]}
+
+
 def test_a_bare_token_takes_the_operator_the_client_names(api: Api) -> None:
     body = {"subject": "node", "reason": "maintenance", "operator": "bob"}
     status, document = api.request("POST", "/api/v1/quarantines", body, token="bare-secret")
