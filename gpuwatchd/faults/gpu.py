@@ -140,7 +140,7 @@ MEMORY = (
         "GW-1106",
         "memory",
         "sram_threshold_exceeded",
-        "Uncorrectable SRAM (L2, register file) errors past NVIDIA's threshold. Definitive.",
+        "Uncorrectable SRAM errors past NVIDIA's threshold. Definitive.",
         "`nvmlDeviceGetSramEccErrorStatus` (version-checked) reports `bThresholdExceeded`.",
         "Run NVIDIA's field diagnostic and open an RMA.",
         f"{MEMORY_GUIDE}, GPU L2 memory RMA policy: more than 4 (parity) or 2 (SECDED) "
@@ -187,9 +187,9 @@ XIDS = (
         "xid",
         "xid_hardware",
         "XIDs NVIDIA attributes to the GPU's hardware: drained for the reset or reboot NVIDIA "
-        "asks for; definitive for XID 54 (auxiliary power) and for one that comes back on the "
-        "same board after `checks.xid.reboots_before_inspection` reboots within "
-        "`checks.xid.reboot_window`.",
+        "asks for; definitive for XID 54 (auxiliary power), and for one that a reset or reboot "
+        "cures and NVIDIA investigates as hardware when it comes back on the same board after "
+        "`checks.xid.reboots_before_inspection` reboots within `checks.xid.reboot_window`.",
         f"{XID_EVIDENCE}, and `reboots` once it escalated.",
         "Follow the XID's immediate resolution (reset the GPU, reboot, check the cables); "
         "when it escalated, run the field diagnostic and open an RMA.",

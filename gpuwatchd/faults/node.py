@@ -18,8 +18,9 @@ CANARIES = (
         "sdc",
         "sdc_confirmed",
         "Silent data corruption confirmed: a known-answer canary computed wrong on the GPU, "
-        "and wrong again on a re-run while a sibling of the same model computed it right (or "
-        "two such mismatches apart in time). Definitive.",
+        "and wrong again on a re-run while a sibling of the same model computed it right; or "
+        "two mismatches of the board's on different canaries or seeds, from bursts at least "
+        "`canary.interval` apart, within `canary.history_window`. Definitive.",
         f"The canary results of the GPU and of its sibling; {CANARY_EVIDENCE}, "
         "`mismatches_on_record`.",
         f"Keep the board out of service; run NVIDIA's offline diagnostic ({OFFLINE_DIAGNOSTIC}) "
