@@ -445,6 +445,8 @@ def check_config(path: str) -> None:
 def _format_entry(entry: JournalEntry) -> str:
     when = datetime.datetime.fromtimestamp(entry.time, tz=datetime.UTC)
     parts = [when.strftime("%Y-%m-%d %H:%M:%SZ"), entry.kind, entry.subject]
+    if entry.fault_code:
+        parts.append(entry.fault_code)
     if entry.code:
         parts.append(f"{entry.check}/{entry.code}" if entry.check else entry.code)
     if entry.severity:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gpuwatchd.faults import fault_code
+
 # The clocks-event (throttle) reason bits of nvmlDeviceGetCurrentClocksEventReasons,
 # under the label values exported in gpuwatchd_gpu_clocks_event_active{reason}.
 CLOCKS_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
@@ -498,7 +500,8 @@ class Action(enum.Enum):
 class Finding:
     """A check's verdict on one subject.
 
-    `code` is a stable fault code (`nvlink_crc_storm`, `ecc_uncorrectable`);
+    `code` names the verdict (`nvlink_crc_storm`, `ecc_uncorrectable`) and
+    `fault_code` is its id in the catalog (gpuwatchd.faults, `GW-1304`);
     `evidence` holds the numbers the verdict rests on; `definitive` marks a
     hardware fault that quarantines at once (no confirmation window).
     """
@@ -512,6 +515,11 @@ class Finding:
     evidence: Mapping[str, float | int | str] = field(default_factory=dict)
     definitive: bool = False
     immediate: bool = False
+
+    @property
+    def fault_code(self) -> str | None:
+        # Derived, never passed: one catalog says what each code's id is.
+        return fault_code(self.code)
 
 
 @dataclass(frozen=True)
@@ -557,6 +565,11 @@ class Quarantine:
     uuid: str | None = None
     last_index: int | None = None
     pci_bus_id: str | None = None
+
+    @property
+    def fault_code(self) -> str | None:
+        """The fault code of the finding that quarantined it; None for a manual one."""
+        return fault_code(self.code)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from gpuwatchd.connections import Connection, Connections
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
-from gpuwatchd.status import to_json
+from gpuwatchd.status import quarantine_json, to_json
 from gpuwatchd.store import JournalEntry, StoreError
 from gpuwatchd.text import shown
 from gpuwatchd.units import parse_moment
@@ -419,7 +419,7 @@ class _Handler(BaseHTTPRequestHandler):
         # 200 and no decision: it was already quarantined, and that one stands.
         return (200 if decision is None else 201), {
             "decision": dataclasses.asdict(decision) if decision is not None else None,
-            "quarantine": dataclasses.asdict(held),
+            "quarantine": quarantine_json(held),
         }
 
     def _release(self, control: Control) -> tuple[int, object]:
@@ -452,7 +452,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _quarantines_json(control: Control) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(q) for q in control.quarantines()]
+    return [quarantine_json(q) for q in control.quarantines()]
 
 
 def _moment(name: str, value: str | None, now: float) -> float:

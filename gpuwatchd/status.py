@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuwatchd.canary.confirm import OFFLINE_DIAGNOSTIC, Lead, Watch
 from gpuwatchd.canary.stats import CanaryStats
-from gpuwatchd.model import Finding, GpuSample, Health, PortSample
+from gpuwatchd.model import Finding, GpuSample, Health, PortSample, Quarantine
 from gpuwatchd.snapshot import Snapshot
 
 JsonDict = dict[str, Any]
@@ -60,12 +60,18 @@ def _finding_json(finding: Finding) -> JsonDict:
     return {
         "check": finding.check,
         "code": finding.code,
+        "fault_code": finding.fault_code,
         "severity": finding.severity.label,
         "message": finding.message,
         "action": finding.action.value,
         "evidence": dict(finding.evidence),
         "definitive": finding.definitive,
     }
+
+
+def quarantine_json(quarantine: Quarantine) -> JsonDict:
+    """A quarantine as the API shows it: its fields and its fault code."""
+    return {**dataclasses.asdict(quarantine), "fault_code": quarantine.fault_code}
 
 
 def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
@@ -172,7 +178,7 @@ def to_json(snapshot: Snapshot) -> JsonDict:
         "gpus": [_gpu_json(gpu, snapshot) for gpu in snapshot.gpus],
         "infiniband_ports": [_port_json(port, snapshot) for port in snapshot.ports],
         "subjects": _subjects_json(snapshot),
-        "quarantines": [dataclasses.asdict(q) for q in snapshot.quarantines],
+        "quarantines": [quarantine_json(q) for q in snapshot.quarantines],
         "webhooks": [dataclasses.asdict(w) for w in snapshot.webhooks],
         "schedulers": [dataclasses.asdict(s) for s in snapshot.schedulers],
         "canaries": _canaries_json(snapshot.canary),
@@ -284,8 +290,9 @@ def render_table(data: Mapping[str, Any]) -> str:
                     f"{k}={_evidence_value(v)}" for k, v in finding["evidence"].items()
                 )
                 lines.append(
-                    f"    [{finding['severity']}] {finding['check']}/{finding['code']}: "
-                    f"{finding['message']} (action: {finding['action']}) {evidence}".rstrip()
+                    f"    [{finding['severity']}] {_fault(finding)}{finding['check']}/"
+                    f"{finding['code']}: {finding['message']} (action: {finding['action']}) "
+                    f"{evidence}".rstrip()
                 )
     if data["quarantines"]:
         lines.append("")
@@ -293,12 +300,19 @@ def render_table(data: Mapping[str, Any]) -> str:
         for q in data["quarantines"]:
             board = f" [{q['uuid']}]" if q.get("uuid") else ""
             lines.append(
-                f"  {q['subject']}{board}: {q['reason']} "
+                f"  {q['subject']}{board}: {_fault(q)}{q['reason']} "
                 f"({q['source']}, since {format_time(q['since'])})"
             )
     lines.extend(_canary_lines(data))
     lines.extend(_actions_lines(data))
     return "\n".join(lines)
+
+
+def _fault(item: Mapping[str, Any]) -> str:
+    """A finding's or quarantine's fault code and a space; `.get`: a daemon
+    older than the catalog has none."""
+    code = item.get("fault_code")
+    return f"{code} " if code else ""
 
 
 def _evidence_value(value: object) -> str:

@@ -44,7 +44,8 @@ def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api
     assert document["quarantine"]["operator"] == "alice"  # the token's name
     metrics = api.metrics()
     assert (
-        'gpuwatchd_quarantined{reason="fan noise",source="manual",subject="gpu:2"} 1.0' in metrics
+        'gpuwatchd_quarantined{fault_code="",reason="fan noise",source="manual",'
+        'subject="gpu:2"} 1.0' in metrics
     )
     # What follows from it follows at once: one GPU of four quarantines the node.
     assert 'source="auto",subject="node"} 1.0' in metrics
@@ -63,6 +64,21 @@ def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api
         ("release", "alice"),
         ("health_changed", "alice"),
     ]
+
+
+def test_findings_quarantines_and_journal_entries_carry_their_fault_code(api: Api) -> None:
+    api.request("POST", "/api/v1/quarantines", {"subject": "gpu:2", "reason": "fan noise"})
+    # One GPU of four quarantines the node, for its own finding.
+    _, status = api.request("GET", "/api/v1/status", token=None)
+    [node] = [s for s in status["subjects"] if s["subject"] == "node"]
+    assert ("gpu_quarantine_ratio", "GW-1901") in {
+        (f["code"], f["fault_code"]) for f in node["findings"]
+    }
+    _, listed = api.request("GET", "/api/v1/quarantines", token=None)
+    held = {q["subject"]: q["fault_code"] for q in listed["quarantines"]}
+    assert held == {"gpu:2": None, "node": "GW-1901"}  # a manual quarantine names no fault
+    _, journal = api.request("GET", "/api/v1/journal?since=1h&subject=node", token=None)
+    assert ("quarantine", "GW-1901") in {(e["kind"], e["fault_code"]) for e in journal["entries"]}
 
 
 def test_a_bare_token_takes_the_operator_the_client_names(api: Api) -> None:

@@ -32,7 +32,7 @@ def test_journal_lists_the_finding_and_the_quarantine_of_an_uncorrectable_ecc(
     # The fake clock starts on 2026-01-01: look back far enough to see it.
     result = CliRunner().invoke(main, ["journal", "--state-dir", state, "--since", "3650d"])
     assert result.exit_code == 0, result.output
-    assert "gpu:1 memory/ecc_uncorrectable critical" in result.output
+    assert "gpu:1 GW-1101 memory/ecc_uncorrectable critical" in result.output
     assert "quarantine gpu:1" in result.output
 
     only_node = CliRunner().invoke(
@@ -40,7 +40,9 @@ def test_journal_lists_the_finding_and_the_quarantine_of_an_uncorrectable_ecc(
     )
     entries = [json.loads(line) for line in only_node.output.splitlines()]
     assert entries and {entry["subject"] for entry in entries} == {"node"}
-    assert any(entry["kind"] == "quarantine" for entry in entries)
+    assert ("quarantine", "gpu_quarantine_ratio", "GW-1901") in {
+        (entry["kind"], entry["code"], entry["fault_code"]) for entry in entries
+    }
 
 
 def test_journal_without_a_database_says_where_it_looked(tmp_path: Path) -> None:

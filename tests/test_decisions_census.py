@@ -7,57 +7,19 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
-from pathlib import Path
+
+from census_support import REPO, XID_FINDING, sites
 
 from gpuwatchd.checks.xid_catalog import CATALOG
 
-REPO = Path(__file__).parent.parent
 CENSUS = REPO / "docs" / "decisions.md"
-SOURCES = REPO / "gpuwatchd"
 DECISIONS = ("definitive", "immediate")
-# The one site whose code is not a literal: the XID check names its finding
-# after the XID's kind (`xid_<kind>`), and the catalog says which XIDs decide.
-XID_FINDING = Path("checks") / "xid.py"
 
 Path_ = tuple[str, str, str]  # (decision, check, code)
 
 
-def _constants(tree: ast.Module) -> dict[str, str]:
-    """The module's top-level `NAME = "text"` assignments."""
-    found = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            for target in node.targets:
-                if isinstance(target, ast.Name) and isinstance(node.value.value, str):
-                    found[target.id] = node.value.value
-    return found
-
-
-def _texts(node: ast.expr, constants: dict[str, str]) -> set[str] | None:
-    """The strings an expression can be: a literal, a module constant, or
-    either branch of a conditional; None when it is anything else."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, ast.Name) and node.id in constants:
-        return {constants[node.id]}
-    if isinstance(node, ast.IfExp):
-        body, orelse = _texts(node.body, constants), _texts(node.orelse, constants)
-        return None if body is None or orelse is None else body | orelse
-    return None
-
-
 def _can_be_true(node: ast.expr) -> bool:
     return not (isinstance(node, ast.Constant) and node.value is False)
-
-
-def _finding_sites() -> Iterator[tuple[Path, ast.Call, dict[str, str]]]:
-    for path in sorted(SOURCES.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        constants = _constants(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Finding":
-                yield path.relative_to(SOURCES), node, constants
 
 
 def _xid_paths() -> set[Path_]:
@@ -73,20 +35,16 @@ def _xid_paths() -> set[Path_]:
 
 def derived() -> set[Path_]:
     paths: set[Path_] = set()
-    for where, call, constants in _finding_sites():
-        keywords = {k.arg: k.value for k in call.keywords if k.arg is not None}
+    for site in sites():
+        keywords = {k.arg: k.value for k in site.call.keywords if k.arg is not None}
         decisions = [d for d in DECISIONS if d in keywords and _can_be_true(keywords[d])]
         if not decisions:
             continue
-        if where == XID_FINDING:
+        # The XID check decides by the catalog's rows, which name its finding.
+        if (site.module.path, site.function) == XID_FINDING:
             paths |= _xid_paths()
             continue
-        checks = _texts(keywords["check"], constants)
-        codes = _texts(keywords["code"], constants)
-        assert checks is not None and codes is not None, (
-            f"gpuwatchd/{where}:{call.lineno}: a Finding that can be {' or '.join(decisions)} "
-            "names its check or code by an expression this census cannot read: use literals"
-        )
+        checks, codes = site.texts("check"), site.texts("code")
         paths |= {(d, check, code) for d in decisions for check in checks for code in codes}
     return paths
 

@@ -67,21 +67,24 @@ def test_each_subject_has_one_series_per_state_with_1_for_the_current_one() -> N
 def test_only_active_findings_are_exported() -> None:
     text = render(SNAPSHOT)
     assert lines(text, "gpuwatchd_finding") == [
-        'gpuwatchd_finding{check="thermal",code="thermal_throttling",severity="warn",'
-        'subject="gpu:1"} 1.0',
-        'gpuwatchd_finding{check="nvlink",code="nvlink_crc_storm",severity="critical",'
-        'subject="nvlink:5/7"} 1.0',
+        'gpuwatchd_finding{check="thermal",code="thermal_throttling",fault_code="GW-1001",'
+        'severity="warn",subject="gpu:1"} 1.0',
+        'gpuwatchd_finding{check="nvlink",code="nvlink_crc_storm",fault_code="GW-1305",'
+        'severity="critical",subject="nvlink:5/7"} 1.0',
     ]
 
 
 def test_dry_run_quarantines_have_a_family_of_their_own() -> None:
     text = render(SNAPSHOT)
     assert lines(text, "gpuwatchd_quarantined") == [
-        'gpuwatchd_quarantined{reason="row_remap_failure",source="auto",subject="gpu:3"} 1.0',
-        'gpuwatchd_quarantined{reason="fan noise",source="manual",subject="gpu:6"} 1.0',
+        'gpuwatchd_quarantined{fault_code="GW-1103",reason="row_remap_failure",source="auto",'
+        'subject="gpu:3"} 1.0',
+        # A manual quarantine names no finding: the label is empty (absent to Prometheus).
+        'gpuwatchd_quarantined{fault_code="",reason="fan noise",source="manual",'
+        'subject="gpu:6"} 1.0',
     ]
     assert lines(text, "gpuwatchd_quarantined_dry_run") == [
-        'gpuwatchd_quarantined_dry_run{reason="nvlink_crc_storm",source="auto",'
+        'gpuwatchd_quarantined_dry_run{fault_code="",reason="nvlink_crc_storm",source="auto",'
         'subject="nvlink:5/7"} 1.0'
     ]
 

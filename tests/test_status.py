@@ -128,3 +128,25 @@ def test_status_says_the_canaries_are_down_when_gpus_have_no_backend() -> None:
         "error": "no GPU backend: GPU(s) 0, 1 unchecked",
     }
     assert "canary DOWN (no GPU backend: GPU(s) 0, 1 unchecked)" in render_table(document)
+
+
+def test_a_board_condemned_for_its_row_remap_shows_its_fault_code_in_status(
+    tmp_path: Path,
+) -> None:
+    faults = "faults: [{at: 0s, kind: row_remap_failure, gpu: 1}]"
+    with simulated_daemon(SDC.replace("faults: []", faults), tmp_path) as sim:
+        document = to_json(sim.run_until(20))
+    [finding] = [
+        f for s in document["subjects"] for f in s["findings"] if f["code"] == "row_remap_failure"
+    ]
+    assert finding["fault_code"] == "GW-1103"
+    held = {q["subject"]: q["fault_code"] for q in document["quarantines"]}
+    assert held["gpu:1"] == "GW-1103"
+    table = render_table(document).splitlines()
+    assert any(
+        line.startswith("    [critical] GW-1103 memory/row_remap_failure: ") for line in table
+    )
+    assert any(
+        line.startswith("  gpu:1 [") and ": GW-1103 row_remap_failure (auto" in line
+        for line in table
+    )

@@ -81,6 +81,8 @@ def test_alertmanager_payload_is_version_4_and_its_resolve_matches_its_firing() 
     }
     assert alert["annotations"]["summary"].startswith("gpu:1 on node-7 quarantined (auto)")
     assert alert["annotations"]["evidence"] == "uncorrected_volatile=1"
+    # An annotation, not a label (above): the labels are the alert's identity.
+    assert alert["annotations"]["fault_code"] == "GW-1101"
     assert alert["startsAt"] == "2026-01-01T00:00:00.000Z" and alert["endsAt"] == ZERO_TIME
     assert alert["generatorURL"] == "http://node-7:9477/api/v1/status"
 
@@ -110,6 +112,7 @@ def test_slack_text_says_subject_reason_evidence_and_suggested_action() -> None:
     assert chosen is not None
     text = json.loads(render("slack", event, chosen, CONTEXT))["text"]
     assert text.startswith(":rotating_light: *[CRITICAL] gpu:1 on node-7 quarantined (auto)")
+    assert "*Fault code:* GW-1101 (ecc_uncorrectable)" in text
     assert "*Evidence:* uncorrected_volatile=1" in text
     assert "*Suggested action:* drain the node and reset the GPU" in text
     assert "<http://node-7:9477/api/v1/status|node-7 status>" in text
@@ -125,6 +128,7 @@ def test_pagerduty_release_resolves_the_incident_its_quarantine_opened() -> None
     assert trigger["payload"]["severity"] == "critical"
     assert trigger["payload"]["source"] == "node-7" and trigger["payload"]["component"] == "gpu:1"
     assert trigger["payload"]["custom_details"]["evidence"] == {"uncorrected_volatile": 1}
+    assert trigger["payload"]["custom_details"]["fault_code"] == "GW-1101"
     release = decision_event(RELEASE, "node-7", operator="alice")
     closed = route(release, WARNING, opened.opened)
     assert closed is not None
@@ -148,6 +152,17 @@ def test_json_payload_follows_the_documented_schema() -> None:
     assert document["schema"] == "gpuwatchd.event.v1" and document["id"] == "k1"
     assert document["status"] == "firing" and document["ends_at"] is None
     assert document["time"] == "2026-01-01T00:00:00.000Z"
+    assert (document["code"], document["fault_code"]) == ("ecc_uncorrectable", "GW-1101")
+
+
+def test_an_event_read_back_from_the_outbox_derives_its_fault_code_again() -> None:
+    event = decision_event(QUARANTINE, "node-7", finding=ECC)
+    stored = event.to_json()
+    assert stored["fault_code"] == "GW-1101"
+    assert Event.from_json(stored) == event
+    # One queued by a version before the catalog has no fault_code key: it gets one.
+    older = {key: value for key, value in stored.items() if key != "fault_code"}
+    assert Event.from_json(older).to_json() == stored
 
 
 def test_signature_is_hmac_sha256_over_timestamp_and_body() -> None:

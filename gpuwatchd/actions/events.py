@@ -18,9 +18,10 @@ is sent after a restart is exactly what was decided before it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gpuwatchd.faults import fault_code
 from gpuwatchd.model import Action, Decision, Finding, Health
 from gpuwatchd.policy import NODE, QUARANTINE, RELEASE, HealthChange, PolicyResult
 
@@ -71,6 +72,11 @@ class Event:
     def firing(self) -> bool:
         return self.severity is not None
 
+    @property
+    def fault_code(self) -> str | None:
+        # Derived at each render, so an event queued before the catalog has it too.
+        return fault_code(self.code)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "alert": self.alert,
@@ -82,6 +88,7 @@ class Event:
             "summary": self.summary,
             "reason": self.reason,
             "code": self.code,
+            "fault_code": self.fault_code,
             "check": self.check,
             "source": self.source,
             "operator": self.operator,
@@ -93,7 +100,9 @@ class Event:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Event:
-        return cls(**{**data, "evidence": dict(data.get("evidence") or {})})
+        """An event as to_json wrote it; what is derived (fault_code) is derived again."""
+        stored = {name: data[name] for name in (f.name for f in fields(cls)) if name in data}
+        return cls(**{**stored, "evidence": dict(data.get("evidence") or {})})
 
 
 def poll_events(result: PolicyResult, node: str) -> tuple[Event, ...]:

@@ -200,6 +200,9 @@ def _alertmanager_identity(event: Event) -> dict[str, str]:
 
 def _alertmanager_alert(event: Event, route: Route, context: Context) -> dict[str, Any]:
     identity = _alertmanager_identity(event)
+    # The fault code is an annotation, not a label: labels are the alert to
+    # Alertmanager, and a health alert's finding changes while it fires (its
+    # resolution names none), so a label would part a firing from its end.
     labels = {**identity, "severity": route.severity}
     annotations = {
         name: text
@@ -209,6 +212,7 @@ def _alertmanager_alert(event: Event, route: Route, context: Context) -> dict[st
             ("action", event.action),
             ("evidence", _evidence_text(event)),
             ("code", event.code or ""),
+            ("fault_code", event.fault_code or ""),
             ("source", event.source or ""),
             ("operator", event.operator or ""),
         )
@@ -254,6 +258,8 @@ def _slack(event: Event, route: Route, context: Context) -> dict[str, Any]:
     lines = [head]
     if event.reason and event.reason not in event.summary:
         lines.append(f"*Reason:* {event.reason}")
+    if event.fault_code:
+        lines.append(f"*Fault code:* {event.fault_code} ({event.code})")
     if event.evidence:
         lines.append(f"*Evidence:* {_evidence_text(event)}")
     if event.action and route.status == FIRING:
@@ -282,6 +288,7 @@ def _pagerduty(event: Event, route: Route, context: Context) -> dict[str, Any]:
             "group": event.check or event.alert,
             "class": event.code or event.alert,
             "custom_details": {
+                "fault_code": event.fault_code,
                 "reason": event.reason,
                 "evidence": dict(event.evidence),
                 "suggested_action": event.action,

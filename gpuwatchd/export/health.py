@@ -58,8 +58,8 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     dry = [q for q in snapshot.quarantines if q.dry_run]
     yield _quarantines(
         "gpuwatchd_quarantined",
-        "1 for each subject in quarantine, with why and whether policy (auto) or an operator "
-        "(manual) put it there.",
+        "1 for each subject in quarantine, with why, whether policy (auto) or an operator "
+        "(manual) put it there, and the fault code of the finding that did.",
         live,
     )
     yield _quarantines(
@@ -122,11 +122,13 @@ def _node_health_state(snapshot: Snapshot) -> GaugeMetricFamily:
 def _findings(snapshot: Snapshot) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "gpuwatchd_finding",
-        "1 for each active finding (warn or critical) of a check on a subject, by fault code.",
-        labels=("subject", "check", "severity", "code"),
+        "1 for each active finding (warn or critical) of a check on a subject, by finding code "
+        "and its fault code (docs/fault-codes.md).",
+        labels=("subject", "check", "severity", "code", "fault_code"),
     )
+    # fault_code is one value per code: the label adds no series.
     active = {
-        (f.subject, f.check, f.severity.label, f.code)
+        (f.subject, f.check, f.severity.label, f.code, f.fault_code or "")
         for f in snapshot.findings
         if f.severity is not Severity.OK
     }
@@ -138,9 +140,11 @@ def _findings(snapshot: Snapshot) -> GaugeMetricFamily:
 def _quarantines(
     name: str, documentation: str, quarantines: Iterable[Quarantine]
 ) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=("subject", "reason", "source"))
+    labels = ("subject", "reason", "source", "fault_code")
+    family = GaugeMetricFamily(name, documentation, labels=labels)
     for q in sorted(quarantines, key=lambda q: q.subject):
-        family.add_metric([q.subject, q.reason, q.source], 1.0)
+        # Empty (absent to Prometheus) for a manual quarantine: no finding made it.
+        family.add_metric([q.subject, q.reason, q.source, q.fault_code or ""], 1.0)
     return family
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwatchd.faults import fault_code
 from gpuwatchd.model import Decision
 from gpuwatchd.policy import PolicyResult, PolicyState
 from gpuwatchd.store.database import Database
@@ -29,6 +30,8 @@ class JournalEntry:
     operator: str | None = None
     dry_run: bool = False
     data: Mapping[str, Any] | None = None
+    # The code's fault code (gpuwatchd.faults), derived as the entry is read.
+    fault_code: str | None = None
 
 
 class Journal:
@@ -245,4 +248,5 @@ def _entry(row: sqlite3.Row) -> JournalEntry:
         operator=row["operator"],
         dry_run=bool(row["dry_run"]),
         data=json.loads(row["data"]),
+        fault_code=fault_code(row["code"]),
     )
