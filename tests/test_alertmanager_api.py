@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ import yaml
 from actions_support import REPO, free_port, wait_for
 
 from gpuwatchd.actions.dispatch import manual_events
-from gpuwatchd.actions.webhook import WebhookConfig, WebhookSender
+from gpuwatchd.actions.events import CRITICAL, NODE_HEALTH, WARNING, Event
+from gpuwatchd.actions.webhook import Context, WebhookConfig, WebhookSender, render, route
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.store import Store
 
@@ -158,3 +160,37 @@ def test_alertmanagers_outgoing_webhook_payload_is_refused_by_alertmanager(
         assert sender.run_once(clock.now()) is None
         assert sender.counts.dead_letter == 1
         assert sender.last_error is not None and sender.last_error.startswith("HTTP 4")
+
+
+def _post(url: str, body: bytes) -> None:
+    request = urllib.request.Request(
+        f"{url}/api/v2/alerts", body, {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def test_a_node_alert_that_rises_to_critical_and_resolves_leaves_nothing_standing(
+    tmp_path: Path,
+) -> None:
+    # Alertmanager knows an alert by its labels, severity among them: the
+    # warning must end when the critical that replaces it is posted, or its
+    # year-long endsAt keeps it active after the node is healthy again.
+    context = Context("am", "key", "http://node-7:9477")
+    # Alertmanager judges endsAt by its own clock.
+    now = float(int(time.time()))
+    degraded = Event(NODE_HEALTH, "node", WARNING, "health_changed", now - 2, "node-7", "degraded")
+    worse = Event(NODE_HEALTH, "node", CRITICAL, "health_changed", now - 1, "node-7", "unhealthy")
+    healthy = Event(NODE_HEALTH, "node", None, "health_changed", now, "node-7", "healthy")
+    with alertmanager(tmp_path) as url:
+        first = route(degraded, WARNING, None)
+        assert first is not None
+        _post(url, render("alertmanager_api", degraded, first, context))
+        second = route(worse, WARNING, first.opened)
+        assert second is not None
+        _post(url, render("alertmanager_api", worse, second, context))
+        assert [a["labels"]["severity"] for a in _active(url)] == [CRITICAL]
+        third = route(healthy, WARNING, second.opened)
+        assert third is not None
+        _post(url, render("alertmanager_api", healthy, third, context))
+        assert _active(url) == []

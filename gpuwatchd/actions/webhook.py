@@ -135,6 +135,9 @@ class Route:
     starts_at: float
     severity: str
     opened: OpenAlert | None  # None: closed
+    # The severity the webhook holds the alert firing at, where this firing
+    # changes it (a warning become critical); None where it does not.
+    replaced: str | None = None
 
 
 def route(event: Event, minimum: str, held: OpenAlert | None) -> Route | None:
@@ -142,7 +145,8 @@ def route(event: Event, minimum: str, held: OpenAlert | None) -> Route | None:
     `event`; None: it is not."""
     if event.severity is not None and severity_at_least(event.severity, minimum):
         since = held.since if held is not None else event.time
-        return Route(FIRING, since, event.severity, OpenAlert(since, event.severity))
+        replaced = held.severity if held is not None and held.severity != event.severity else None
+        return Route(FIRING, since, event.severity, OpenAlert(since, event.severity), replaced)
     if held is not None:
         return Route(RESOLVED, held.since, held.severity, None)
     return None
@@ -183,14 +187,21 @@ def _alertmanager_api(event: Event, route: Route, context: Context) -> list[dict
     it fires."""
     alert = _alertmanager_alert(event, route, context)
     ends = event.time if route.status == RESOLVED else event.time + ALERTMANAGER_HOLD_SECONDS
+    posted = {
+        "labels": alert["labels"],
+        "annotations": alert["annotations"],
+        "startsAt": alert["startsAt"],
+        "endsAt": _iso(ends),
+        "generatorURL": alert["generatorURL"],
+    }
+    if route.replaced is None:
+        return [posted]
+    # Alertmanager knows an alert by its labels, severity among them: the
+    # alert at the severity it had ends now, or it would stand for a year.
+    ended = {"severity": route.replaced}
     return [
-        {
-            "labels": alert["labels"],
-            "annotations": alert["annotations"],
-            "startsAt": alert["startsAt"],
-            "endsAt": _iso(ends),
-            "generatorURL": alert["generatorURL"],
-        }
+        posted | {"labels": alert["labels"] | ended, "endsAt": _iso(event.time)},
+        posted,
     ]
 
 
