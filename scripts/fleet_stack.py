@@ -248,7 +248,7 @@ class FleetStack(Services):
         self.spawn(
             "vmalert",
             [
-                binary("vmalert"),
+                binary("vmalert", package="victoria-metrics"),
                 f"-rule={self._write_rules() / '*.yml'}",
                 f"-datasource.url={self.vm_url}",
                 f"-remoteWrite.url={self.vm_url}",
