@@ -70,6 +70,7 @@ from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, StoreError
+from gpuwatchd.terminal import colour_wanted, styled
 from gpuwatchd.units import format_duration, parse_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
@@ -426,6 +427,8 @@ def status(as_json: bool, node_url: str | None, config_path: str | None) -> None
         raise _unreachable(client, error) from error
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
+    elif colour_wanted(sys.stdout, os.environ):
+        click.echo(render_table(document, styled), color=True)
     else:
         click.echo(render_table(document))
 
