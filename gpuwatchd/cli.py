@@ -253,9 +253,7 @@ def run(
             ", ".join(config.enabled_sources()) or "none",
             f", simulating {simulate}" if simulate else "",
         )
-        if scratch is not None:
-            _tell_where(scratch, server.url, config)
-        daemon.run(Notifier())
+        daemon.run(Notifier() if scratch is None else _TellWhere(scratch, server.url, config))
     log.info("stopped")
 
 
@@ -282,18 +280,31 @@ def _check_port_free(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def _tell_where(state_dir: str, url: str, config: Config) -> None:
-    """The one line that points the CLI in another terminal at a simulated
-    daemon whose state lives in a temporary directory."""
-    variables = [f"{STATE_DIR_ENV}={shlex.quote(state_dir)}"]
-    if config.daemon.listen != DEFAULT_LISTEN:
-        variables.append(f"{NODE_ENV}={shlex.quote(url)}")
-    click.echo(
-        f"export {' '.join(variables)}   # for gpuwatchd commands in another terminal; "
-        "this simulated node's state (journal, API token) is removed when it stops, "
-        "unless --state-dir names a directory to keep",
-        err=True,
-    )
+# Printed above the export line: short enough not to wrap in 120 columns.
+TELL_WHERE = (
+    "# for gpuwatchd commands in another terminal (this node's state goes when it stops; "
+    "--state-dir keeps it):"
+)
+
+
+class _TellWhere(Notifier):
+    """systemd's notifier that, once the first poll is done (READY), also
+    prints the line pointing the CLI in another terminal at a simulated
+    daemon whose state lives in a temporary directory: after the start's
+    burst of log lines, where it is the last one, in bold on a terminal."""
+
+    def __init__(self, state_dir: str, url: str, config: Config) -> None:
+        super().__init__()
+        variables = [f"{STATE_DIR_ENV}={shlex.quote(state_dir)}"]
+        if config.daemon.listen != DEFAULT_LISTEN:
+            variables.append(f"{NODE_ENV}={shlex.quote(url)}")
+        self.line = f"export {' '.join(variables)}"
+
+    def ready(self, status: str) -> None:
+        super().ready(status)
+        bold = colour_wanted(sys.stderr, os.environ)
+        click.echo(TELL_WHERE, err=True)
+        click.echo(click.style(self.line, bold=True) if bold else self.line, err=True)
 
 
 def _listen(

@@ -53,7 +53,7 @@ def _blocks() -> list[Block]:
 QUICK_START = (
     "python3 -m venv .venv && .venv/bin/pip install . && .venv/bin/gpuwatchd run --simulate"
 )
-EXPORT_SAMPLE = "export GPUWATCHD_STATE_DIR="
+EXPORT_SAMPLE = "# for gpuwatchd commands in another terminal"
 ANOTHER_TERMINAL = (
     ". .venv/bin/activate",
     "gpuwatchd quarantine add gpu:3",
@@ -91,15 +91,13 @@ def _stderr_lines(process: subprocess.Popen[str]) -> Iterator[str]:
 
 
 def _exported(lines: Iterator[str]) -> dict[str, str]:
+    comment, export = _of(EXPORT_SAMPLE).text.splitlines()
     for line in lines:
-        if line.startswith("export "):
-            assert line.startswith(EXPORT_SAMPLE), line
-            assert (
-                line.split("   #")[1]
-                .strip()
-                .startswith(_of(EXPORT_SAMPLE).first.split("   #")[1].strip(" ."))
-            ), "the README's sample of the export line differs from what the daemon prints"
-            words = line.split("#", 1)[0].split()[1:]
+        if line.startswith(EXPORT_SAMPLE):
+            assert line.rstrip("\n") == comment, "the README's comment differs from the daemon's"
+            printed = next(lines)
+            assert printed.startswith(export.split("=")[0] + "="), printed
+            words = printed.split()[1:]
             return dict(word.split("=", 1) for word in words)
     raise AssertionError("the simulated daemon printed no export line")
 
