@@ -39,6 +39,7 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
+from gpuwatchd.actions.webhook import unreadable_files
 from gpuwatchd.assemble import build_daemon, simulate
 from gpuwatchd.canary.cli import canary
 from gpuwatchd.clock import SystemClock
@@ -447,12 +448,18 @@ def status(as_json: bool, node_url: str | None, config_path: str | None) -> None
 @main.command("check-config")
 @click.argument("path", type=click.Path(dir_okay=False))
 def check_config(path: str) -> None:
-    """Validate a config file: exit 0, or name the file, line and key that is wrong."""
+    """Validate a config file: exit 0, or name the file, line and key that is wrong.
+
+    Files the config names that cannot be read on this host (a webhook's
+    secret) are warnings: a config is also checked away from its nodes."""
     try:
-        load_config(path)
+        config = load_config(path)
     except SettingsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
+    for webhook in config.actions.webhooks:
+        for problem in unreadable_files(webhook):
+            click.echo(f"warning: {problem} here", err=True)
     click.echo(f"{path}: ok")
 
 
