@@ -536,8 +536,10 @@ def journal(
             entries, truncated = _api_journal(client, window)
         except (DaemonUnreachable, DaemonError) as error:
             raise _unreachable(client, error) from error
+    elif state_dir is None:
+        entries, truncated = _default_journal(config, window)
     else:
-        entries, truncated = _local_journal(config, state_dir or config.daemon.state_dir, window)
+        entries, truncated = _local_journal(config, state_dir, window)
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
@@ -565,16 +567,43 @@ class _Window:
 _Journal = tuple[tuple[JournalEntry, ...], bool]
 
 
+def _no_database(path: str) -> str:
+    return (
+        f"no state database at {path} (has gpuwatchd run here? --state-dir, or "
+        f"${STATE_DIR_ENV} as a simulated daemon prints it)"
+    )
+
+
+def _default_journal(config: Config, window: _Window) -> _Journal:
+    """No state directory named: the config's, or, when it has no database,
+    the journal of the daemon at the config's address, as `status` shows
+    that daemon (a simulated one keeps its database elsewhere)."""
+    path = os.path.join(config.daemon.state_dir, DB_NAME)
+    if os.path.exists(path):
+        return _local_journal(config, config.daemon.state_dir, window)
+    client = _client(config, None)
+    try:
+        held = client.get("/api/v1/status").get("state_dir")
+        journal = _api_journal(client, window)
+    except (DaemonUnreachable, DaemonError) as error:
+        raise click.ClickException(
+            f"{_no_database(path)}, and no daemon answers at {client.url} ({error})"
+        ) from error
+    where = f" (its state directory {held})" if isinstance(held, str) else ""
+    click.echo(
+        f"no state database at {path}: the journal of the gpuwatchd at {client.url}{where}",
+        err=True,
+    )
+    return journal
+
+
 def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
     """The newest entries of the window in the state database of `directory`,
     and whether older ones were left out. A running daemon holds its
     database: then the daemon at the config's address answers instead."""
     path = os.path.join(directory, DB_NAME)
     if not os.path.exists(path):
-        raise click.ClickException(
-            f"no state database at {path} (has gpuwatchd run here? --state-dir, or "
-            f"${STATE_DIR_ENV} as a simulated daemon prints it)"
-        )
+        raise click.ClickException(_no_database(path))
     try:
         # Without waiting: a daemon would hold it until it stops.
         return _database_journal(directory, 0.0, window)
@@ -712,16 +741,22 @@ class _Target:
     token_file: str
     state_dir: str
 
-    def secret(self) -> str | None:
-        """The token to send; None when the file cannot be read (the daemon's
-        401 then says so, and offline mode needs none)."""
+    def secret(self) -> str:
+        """The token a write sends. Without one the daemon would refuse the
+        write (and journal the refusal), so nothing is sent and the reason is
+        the message, once a read says the daemon is there (a daemon down is
+        the message first; the state database needs no token)."""
         exposed = _exposed(self.token_file)
         if exposed:
             click.echo(f"warning: {exposed}; chmod 600 {self.token_file}", err=True)
         try:
             return client_secret(self.token_file)
-        except (OSError, ValueError):
-            return None
+        except (OSError, ValueError) as error:
+            self.client.get("/api/v1/status")
+            raise click.ClickException(
+                f"nothing was sent to {self.client.url}, which takes changes only with a "
+                f"token: {self.token_problem()}"
+            ) from error
 
     def token_problem(self) -> str:
         """Why a 401 came back, as far as the token file tells."""
