@@ -74,11 +74,11 @@ def test_only_active_findings_are_exported() -> None:
     ]
 
 
-def test_dry_run_quarantines_have_a_family_of_their_own() -> None:
+def test_dry_run_quarantines_have_a_family_of_their_own_and_an_operators_words_no_label() -> None:
     text = render(SNAPSHOT)
     assert lines(text, "gpuwatchd_quarantined") == [
         'gpuwatchd_quarantined{reason="row_remap_failure",source="auto",subject="gpu:3"} 1.0',
-        'gpuwatchd_quarantined{reason="fan noise",source="manual",subject="gpu:6"} 1.0',
+        'gpuwatchd_quarantined{reason="operator",source="manual",subject="gpu:6"} 1.0',
     ]
     assert lines(text, "gpuwatchd_quarantined_dry_run") == [
         'gpuwatchd_quarantined_dry_run{reason="nvlink_crc_storm",source="auto",'

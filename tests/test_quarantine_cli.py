@@ -71,7 +71,7 @@ def test_add_list_and_release_through_a_running_daemon(daemon: DaemonProcess, co
     assert added.exit_code == 0, added.output
     assert added.output == "quarantined gpu:5: fan at 100%\n"
     assert (
-        'gpuwatchd_quarantined{reason="fan at 100%",source="manual",subject="gpu:5"} 1.0'
+        'gpuwatchd_quarantined{reason="operator",source="manual",subject="gpu:5"} 1.0'
         in daemon.metrics()
     )
 
@@ -154,8 +154,9 @@ def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_star
         assert [q["subject"] for q in json.loads(listed.output.split("\n", 1)[1])] == ["node"]
 
         with daemon_process(config) as daemon:
-            assert 'gpuwatchd_quarantined{reason="RMA",source="manual",subject="node"} 1.0' in (
-                daemon.metrics()
+            assert (
+                'gpuwatchd_quarantined{reason="operator",source="manual",subject="node"} 1.0'
+                in (daemon.metrics())
             )
             # The event written with the offline change is delivered by the daemon.
             (event, *_) = wait_for(hook.payloads, "the offline quarantine's webhook event")

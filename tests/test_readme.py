@@ -173,7 +173,7 @@ def test_the_blocks_for_another_terminal_work_as_written_against_the_quick_start
     with _quick_start_daemon(command, REPO) as (port, exported):
         quick, by_hand, api = _run_session([_of(k) for k in ANOTHER_TERMINAL], port, exported)
     assert "quarantined gpu:3: fans at 100%, ticket 4711" in quick
-    assert 'gpuwatchd_quarantined{reason="fans at 100%, ticket 4711"' in quick
+    assert 'gpuwatchd_quarantined{reason="operator",source="manual",subject="gpu:3"}' in quick
     assert "gpu:3 was already quarantined" in by_hand and "released gpu:3: fan replaced" in by_hand
     assert "quarantined gpu:5: RMA" in by_hand
     assert '"subject": "gpu:6"' in api and '"quarantine"' in api
