@@ -10,6 +10,7 @@ test's own holding one NVIDIA GPU function.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from actions_support import REPO, free_port, wait_for
+from actions_support import REPO, answers, free_port, wait_for
 from click.testing import CliRunner
 from daemon_support import simulated_daemon
 
@@ -181,6 +182,33 @@ def test_a_node_whose_every_source_is_down_reads_unknown_until_one_works(
         assert daemon.step().node_health is Health.HEALTHY
     finally:
         daemon.close()
+
+
+def test_run_with_infiniband_alone_on_a_host_without_it_reads_unknown_not_healthy(
+    tmp_path: Path,
+) -> None:
+    # First-day review N10, as reproduced there: `run --source infiniband`
+    # with no /sys/class/infiniband under the sysfs root.
+    port = free_port()
+    command = [
+        sys.executable, "-m", "gpuwatchd", "run", "--source", "infiniband",
+        "--sysfs-root", str(tmp_path / "sys"), "--state-dir", str(tmp_path / "state"),
+        "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: answers(f"{url}/healthz"), "the first poll", timeout=60)
+        status = CliRunner().invoke(main, ["status", "--json", "--node", url])
+        check = CliRunner().invoke(main, ["slurm-healthcheck", "--node", url])
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    document = json.loads(status.output)
+    assert document["node"]["health"] == "unknown"
+    assert document["sources"]["infiniband"]["up"] is False
+    assert "no RDMA driver loaded" in document["sources"]["infiniband"]["error"]
+    assert check.exit_code == 1 and check.output.startswith("gpuwatchd: node unknown")
 
 
 def test_a_quarantined_node_stays_quarantined_while_blind() -> None:

@@ -16,14 +16,13 @@ import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from actions_support import REPO, free_port, wait_for
+from actions_support import REPO, answers, free_port, wait_for
 from daemon_support import simulated_daemon
 
 README = REPO / "README.md"
@@ -130,20 +129,12 @@ def _quick_start_daemon(
         _drain(lines)
         url = f"http://127.0.0.1:{port}"
         assert exported["GPUWATCHD_NODE"] == url
-        wait_for(lambda: _answers(f"{url}/healthz"), "the daemon's first poll", timeout=60)
+        wait_for(lambda: answers(f"{url}/healthz"), "the daemon's first poll", timeout=60)
         yield port, exported
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         returncode = process.wait(timeout=30)
         assert returncode == (-signal.SIGTERM if through_shell else 0)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 SEPARATOR = "---- next README block ----"
@@ -209,7 +200,7 @@ def test_the_quick_start_one_liner_works_from_a_fresh_clone(tmp_path: Path) -> N
     # The block as written, run by sh, with the port appended to its last command.
     command = ["sh", "-c", _of(QUICK_START).text.strip() + ' "$@"', "sh"]
     with _quick_start_daemon(command, clone, through_shell=True) as (port, _):
-        assert _answers(f"http://127.0.0.1:{port}/metrics")
+        assert answers(f"http://127.0.0.1:{port}/metrics")
     assert (clone / ".venv" / "bin" / "gpuwatchd").exists()
 
 
