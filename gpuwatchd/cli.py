@@ -682,7 +682,9 @@ main.add_command(canary)
 )
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
 @click.option(
-    "--sysfs-root", type=click.Path(file_okay=False), help="Read InfiniBand under this root."
+    "--sysfs-root",
+    type=click.Path(file_okay=False),
+    help="Read InfiniBand, and look for GPUs on the PCI bus, under this root.",
 )
 @click.option(
     "--polls",
@@ -729,6 +731,13 @@ def capture(
     with click.open_file(out, "w", encoding="utf-8", atomic=out != "-") as stream:
         stream.write(captures.dumps(document))
     click.echo(f"captured {captures.summary(document)}", err=True)
+    missing = captures.nvml_missing(document)
+    if missing is not None:
+        # The file says why, for a report; a script must not take it for a node's capture.
+        raise click.ClickException(
+            f"no GPU was captured: {missing} (a config with sources.nvml.enabled: false "
+            "captures InfiniBand alone; --simulate SCENARIO, a simulated node)"
+        )
 
 
 @dataclass(frozen=True)

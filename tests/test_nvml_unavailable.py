@@ -248,3 +248,24 @@ def test_a_fresh_verdict_of_a_stopped_daemon_still_counts(tmp_path: Path) -> Non
     state = tmp_path / "state"
     _saved(state, time.time() - 5)
     assert _healthcheck(state) == (0, "gpuwatchd: node healthy\n")
+
+
+@no_nvml_here
+@pytest.mark.parametrize("gpu_on_bus", [False, True])
+def test_capture_where_nvml_does_not_start_fails_and_its_file_says_why(
+    gpu_on_bus: bool, tmp_path: Path
+) -> None:
+    root = gpu_on_the_bus(tmp_path / "sys") if gpu_on_bus else tmp_path / "sys"
+    out = tmp_path / "node.capture.json"
+    result = CliRunner().invoke(
+        main, ["capture", "--polls", "1", "--sysfs-root", str(root), "--out", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    assert "Error: no GPU was captured: NVML " in result.stderr
+    assert "gpuwatchd run" not in result.stderr  # the daemon's hint, not the capture's
+    reason = json.loads(out.read_text())["nvml"]["reason"]
+    assert reason in result.stderr
+    if gpu_on_bus:
+        assert reason.startswith("NVML cannot start (") and "(0000:18:00.0)" in reason
+    else:
+        assert reason.startswith("NVML could not be loaded (")
