@@ -100,8 +100,8 @@ def _report(label: str, durations: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--polls", type=int, default=120)
-    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--polls", type=int, default=120, help="polls timed (default 120)")
+    parser.add_argument("--scrapes", type=int, default=200, help="scrapes timed (default 200)")
     args = parser.parse_args()
 
     with (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -145,3 +146,47 @@ def test_runbook_links_refuse_a_rule_file_with_a_link_they_cannot_read(tmp_path:
     with pytest.raises(runbook_links.Refused, match="runbook link"):
         runbook_links.write("https://wiki.example.com/r", tmp_path / "out", rules)
     assert not (tmp_path / "out").exists()
+
+
+# Every script an operator runs with --help, as the docs give it.
+HELPED = [
+    "scripts/fleet_stack.py",
+    "scripts/demo_stack.py",
+    "scripts/runbook-links",
+    *sorted(str(path.relative_to(REPO)) for path in (REPO / "bench").glob("*.py")),
+]
+
+
+def _options(help_text: str) -> dict[str, str]:
+    """Each argument and option of an argparse --help, and its help text."""
+    section = help_text.split("\n\n", 2)[2]
+    options: dict[str, str] = {}
+    name = None
+    for line in section.splitlines():
+        # A name's words are one space apart; its help is two or more spaces on.
+        entry = re.match(r"  (\S.*?)(?:  +(.*))?$", line)
+        if entry:
+            name = entry[1]
+            options[name] = entry[2] or ""
+        elif name is not None and line.startswith("   "):
+            options[name] = f"{options[name]} {line.strip()}".strip()
+    return options
+
+
+@pytest.mark.parametrize("script", HELPED)
+def test_every_option_of_a_script_has_help_and_its_description_ends_a_sentence(
+    script: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    description = result.stdout.split("\n\n")[1]
+    assert description.rstrip().endswith("."), description
+    options = _options(result.stdout)
+    assert len(options) > 1, result.stdout
+    assert [name for name, text in options.items() if not text] == []
