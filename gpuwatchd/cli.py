@@ -106,6 +106,14 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(error)) from error
 
 
+def _flag(flag: str, make: Callable[[], T]) -> T:
+    """`make()`; its ValueError is the flag's, named as such, not the config key's."""
+    try:
+        return make()
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=f"'{flag}'") from error
+
+
 def _apply_overrides(
     config: Config,
     listen: str | None,
@@ -115,17 +123,15 @@ def _apply_overrides(
     sysfs_root: str | None,
 ) -> Config:
     daemon = config.daemon
-    try:
-        if listen is not None:
-            parse_listen(listen)
-            daemon = replace(daemon, listen=listen)
-        if state_dir is not None:
-            daemon = replace(daemon, state_dir=state_dir)
-        if interval is not None:
-            daemon = replace(daemon, poll_interval=interval)
-        config = config.only_sources(sources) if sources else config
-    except ValueError as error:
-        raise click.UsageError(str(error)) from error
+    if listen is not None:
+        _flag("--listen", lambda: parse_listen(listen))
+        daemon = replace(daemon, listen=listen)
+    if state_dir is not None:
+        daemon = replace(daemon, state_dir=state_dir)
+    if interval is not None:
+        daemon = _flag("--interval", lambda: replace(daemon, poll_interval=interval))
+    if sources:
+        config = _flag("--source", lambda: config.only_sources(sources))
     chosen = config.sources
     if sysfs_root is not None:
         chosen = replace(

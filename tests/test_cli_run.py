@@ -136,6 +136,24 @@ def test_run_rejects_a_broken_config_naming_the_line(tmp_path: Path) -> None:
     assert f"{config}:3: daemon.listen: listen must be HOST:PORT" in result.output
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--interval", "0s", "the poll interval must be at least 0.1s"),
+        ("--listen", "9477", "listen must be HOST:PORT such as 127.0.0.1:9477"),
+    ],
+)
+def test_a_bad_flag_is_named_as_the_flag_not_the_config_key(
+    flag: str, value: str, said: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        main, ["run", "--simulate", "--state-dir", str(tmp_path), flag, value]
+    )
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for '{flag}': {said}" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def _start(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--interval", "200ms", *args],
