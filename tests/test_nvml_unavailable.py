@@ -269,3 +269,20 @@ def test_capture_where_nvml_does_not_start_fails_and_its_file_says_why(
         assert reason.startswith("NVML cannot start (") and "(0000:18:00.0)" in reason
     else:
         assert reason.startswith("NVML could not be loaded (")
+
+
+@no_nvml_here
+@pytest.mark.parametrize("asked", [["--backend", "cuda"], ["--gpu", "0"]])
+def test_canary_for_a_gpu_on_a_host_without_any_says_there_is_none_not_install_cupy(
+    asked: list[str], tmp_path: Path
+) -> None:
+    # First-day review N22: the advice was to install the cuda extra.
+    root = tmp_path / "sys"
+    result = CliRunner().invoke(canary_command, [*asked, "--sysfs-root", str(root)])
+    assert result.exit_code == EXIT_CANNOT_RUN, result.output
+    assert result.output.startswith(
+        f"Error: no GPU to check here: NVML cannot start (NVML Shared Library Not Found) and "
+        f"the PCI bus under {root} has no NVIDIA GPU (CUDA: "
+    )
+    assert "install gpuwatchd's cuda extra" not in result.output
+    assert "`--backend cpu` checks the host's cores" in result.output
