@@ -25,6 +25,8 @@ import pytest
 from actions_support import REPO, answers, free_port, wait_for
 from daemon_support import simulated_daemon
 
+from gpuwatchd.policy import PolicyConfig
+
 README = REPO / "README.md"
 README_PORT = "9477"
 
@@ -165,6 +167,8 @@ def test_the_blocks_for_another_terminal_work_as_written_against_the_quick_start
         quick, by_hand, api = _run_session([_of(k) for k in ANOTHER_TERMINAL], port, exported)
     assert "quarantined gpu:3: fans at 100%, ticket 4711" in quick
     assert 'gpuwatchd_quarantined{reason="operator",source="manual",subject="gpu:3"}' in quick
+    # The node too, as the README says after the block (first-day review N19).
+    assert 'reason="gpu_quarantine_ratio",source="auto",subject="node"} 1.0' in quick
     assert "gpu:3 was already quarantined" in by_hand and "released gpu:3: fan replaced" in by_hand
     assert "quarantined gpu:5: RMA" in by_hand
     assert '"subject": "gpu:6"' in api and '"quarantine"' in api
@@ -259,3 +263,12 @@ def test_the_demo_stack_starts_as_the_readme_says_and_stops_on_ctrl_c() -> None:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+
+
+def test_the_readme_says_one_gpu_quarantined_takes_the_node_at_the_default_ratio() -> None:
+    ratio = PolicyConfig().node_quarantine_ratio
+    text = " ".join(README.read_text().split())
+    assert f"once one GPU in {round(1 / ratio)} is (`policy.node_quarantine_ratio: {ratio:g}`)" in (
+        text
+    )
+    assert "# and so the node: see below" in _of(ANOTHER_TERMINAL[0]).text
