@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -272,3 +273,20 @@ def test_the_readme_says_one_gpu_quarantined_takes_the_node_at_the_default_ratio
         text
     )
     assert "# and so the node: see below" in _of(ANOTHER_TERMINAL[0]).text
+
+
+def _installed_by_the_test_script() -> list[str]:
+    """The Debian packages scripts/test installs and the test extra's packages."""
+    script = (REPO / "scripts" / "test").read_text()
+    debs = re.findall(r"debs\+=\(([\w.-]+)\)", script)
+    with (REPO / "pyproject.toml").open("rb") as stream:
+        extra = tomllib.load(stream)["project"]["optional-dependencies"]["test"]
+    return [*debs, *(re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in extra)]
+
+
+def test_the_readme_names_every_package_the_test_command_installs() -> None:
+    # First-day review N15: it named three of the Debian packages.
+    installed = _installed_by_the_test_script()
+    assert "victoria-metrics" in installed and "kubernetes-validate" in installed
+    text = README.read_text()
+    assert [name for name in installed if f"`{name}`" not in text] == []
