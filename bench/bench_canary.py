@@ -13,7 +13,7 @@ making the inputs, the reference (cold: computed; warm: cached by default),
 and hashing an output of the canary's size. Device time, wall time with a
 CUDA context and GPU memory need a GPU: scripts/sdc-gpu-check.py.
 
-    python bench/bench_canary.py [--repeat N] [--cuda-host]
+    .venv/bin/python bench/bench_canary.py [--repeat N] [--cuda-host]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Usage:
 
-    /tmp/venv/bin/python bench/bench_infiniband.py [--rounds 300]
+    .venv/bin/python bench/bench_infiniband.py [--rounds 300]
         [--node-exporter /usr/bin/prometheus-node-exporter]
 
 Writes the sysfs tree of a simulated HGX node (8 ConnectX-7 HCAs, one 400G

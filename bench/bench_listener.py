@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/bench_listener.py [--clients 200] [--seconds 15]
+    .venv/bin/python bench/bench_listener.py [--clients 200] [--seconds 15]
 
 Starts `gpuwatchd run --simulate calm` (a real process, the real listener on
 loopback, polling every second), then runs `--clients` client threads for

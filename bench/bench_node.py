@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/bench_node.py [--polls 120] [--scrapes 200]
+    .venv/bin/python bench/bench_node.py [--polls 120] [--scrapes 200]
 
 (bench/run.py measures all of this and more, on 1 to 16 GPUs, with the
 history full; it builds its node with `node_run` from here.)

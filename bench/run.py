@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/run.py [--quick] [--json bench/results.json] [--rss-polls 100000]
+    .venv/bin/python bench/run.py [--quick] [--json bench/results.json] [--rss-polls 100000]
 
 Measures, on simulated nodes (the fake NVML library under nvidia-ml-py, a
 sysfs tree for InfiniBand) on an injected clock:

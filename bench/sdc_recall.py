@@ -17,7 +17,7 @@ median time to confirmation among the confirmed trials. It measures the
 schedule and the confirmation rules only: what p is for a real defect is
 outside any simulation (docs/sdc.md, "Recall").
 
-    python bench/sdc_recall.py [--trials 200] [--days 7 30] [--seed 1]
+    .venv/bin/python bench/sdc_recall.py [--trials 200] [--days 7 30] [--seed 1]
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ DEMO_STACK = "./scripts/demo-stack"
 NOT_RUN = {
     "./scripts/test": "it is the suite this test is part of",
     "python3 -m venv /opt/gpuwatchd": "installs as root into /opt, /etc and systemd",
-    "python bench/run.py": "a benchmark; tests/test_bench_run.py runs its --quick mode",
+    ".venv/bin/python bench/run.py": "a benchmark; tests/test_bench_run.py runs its --quick mode",
 }
 
 

@@ -190,3 +190,13 @@ def test_every_option_of_a_script_has_help_and_its_description_ends_a_sentence(
     options = _options(result.stdout)
     assert len(options) > 1, result.stdout
     assert [name for name, text in options.items() if not text] == []
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "bench").glob("*.py")), ids=lambda p: p.name)
+def test_a_bench_scripts_usage_runs_it_with_the_checkouts_virtual_environment(
+    script: Path,
+) -> None:
+    # First-day review N16: a system python3 lacks gpuwatchd and psutil.
+    usage = [line.strip() for line in script.read_text().splitlines() if "bench/" in line]
+    runs = [line for line in usage if re.match(r"\S*python3? bench/", line)]
+    assert runs and all(line.startswith(".venv/bin/python bench/") for line in runs), runs
