@@ -26,6 +26,7 @@ import pytest
 from actions_support import REPO, answers, free_port, wait_for
 from daemon_support import simulated_daemon
 
+from gpuwatchd.config import load_config
 from gpuwatchd.policy import PolicyConfig
 
 README = REPO / "README.md"
@@ -290,3 +291,26 @@ def test_the_readme_names_every_package_the_test_command_installs() -> None:
     assert "victoria-metrics" in installed and "kubernetes-validate" in installed
     text = README.read_text()
     assert [name for name in installed if f"`{name}`" not in text] == []
+
+
+def test_the_readme_status_says_no_real_gpu_while_every_capture_is_of_the_fake() -> None:
+    # Issue 23, point 5: the README says plainly what has met real hardware.
+    # A real node's capture in tests/fixtures/ (not named -fake) makes the
+    # status line untrue: then the section is to be rewritten with it.
+    captures = sorted((REPO / "tests" / "fixtures").glob("*.capture.json"))
+    real = [path.name for path in captures if "-fake." not in path.name]
+    never = "**No part of gpuwatchd has yet run against a real NVIDIA driver or GPU.**"
+    assert (never in README.read_text()) == (not real), real
+
+
+def test_the_pilot_runs_on_what_it_names(tmp_path: Path) -> None:
+    text = " ".join(README.read_text().split())
+    pilot = text.split("## Pilot: before it decides anything", 1)[1].split("## Install", 1)[0]
+    assert "`policy.dry_run: true`" in pilot
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text("policy:\n  dry_run: true\n")
+    assert load_config(str(config)).policy.dry_run is True
+    assert '`gpuwatchd capture --anonymize --out "$(hostname -s).capture.json"`' in pilot
+    assert "`gpuwatchd run --simulate NODE.capture.json`" in pilot
+    assert (REPO / "scripts" / "sdc-gpu-check.py").exists()
+    assert "(#pilot-before-it-decides-anything)" in text
