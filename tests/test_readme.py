@@ -314,3 +314,24 @@ def test_the_pilot_runs_on_what_it_names(tmp_path: Path) -> None:
     assert "`gpuwatchd run --simulate NODE.capture.json`" in pilot
     assert (REPO / "scripts" / "sdc-gpu-check.py").exists()
     assert "(#pilot-before-it-decides-anything)" in text
+
+
+# Words of a project's internal notes, not of its docs: who wrote a page and
+# how (issue 23, point 5: "the project's docs speak of the project").
+NOTES_VOICE = re.compile(
+    r"\b(?:sessions?|helpers?|engineers?|reviewers?|the lead|this change|this branch)\b"
+    r"|shared/reviews|\b(?:the )?review (?:rows?|adversarial|first-day|[A-F]\d)",
+    re.IGNORECASE,
+)
+
+
+def test_the_docs_speak_of_the_project_not_of_who_wrote_them() -> None:
+    pages = [README, REPO / "CHANGELOG.md", REPO / "bench" / "RESULTS.md"]
+    pages += sorted((REPO / "docs").glob("*.md"))
+    said = [
+        f"{page.relative_to(REPO)}:{number}: {found[0]}"
+        for page in pages
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        if (found := NOTES_VOICE.search(line))
+    ]
+    assert said == []
