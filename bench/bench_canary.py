@@ -13,7 +13,7 @@ making the inputs, the reference (cold: computed; warm: cached by default),
 and hashing an output of the canary's size. Device time, wall time with a
 CUDA context and GPU memory need a GPU: scripts/sdc-gpu-check.py.
 
-    python bench/bench_canary.py [--repeat N] [--cuda-host]
+    .venv/bin/python bench/bench_canary.py [--repeat N] [--cuda-host]
 """
 
 from __future__ import annotations
@@ -161,9 +161,14 @@ def burst_requests(config: CanaryConfig) -> tuple[BurstRequest, BurstRequest]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--cuda-host", action="store_true")
+    # The first paragraph: its first line alone ends mid-sentence.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=10, help="runs timed of each (default 10)")
+    parser.add_argument(
+        "--cuda-host",
+        action="store_true",
+        help="time the host's work around each canary of the CUDA-sized suite instead",
+    )
     args = parser.parse_args()
     if args.cuda_host:
         cuda_host_work()

@@ -2,7 +2,7 @@
 
 Usage:
 
-    /tmp/venv/bin/python bench/bench_infiniband.py [--rounds 300]
+    .venv/bin/python bench/bench_infiniband.py [--rounds 300]
         [--node-exporter /usr/bin/prometheus-node-exporter]
 
 Writes the sysfs tree of a simulated HGX node (8 ConnectX-7 HCAs, one 400G
@@ -254,8 +254,12 @@ def measure(rounds: int, node_exporter_path: str, report: bool = True) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--node-exporter", default="/usr/bin/prometheus-node-exporter")
+    parser.add_argument("--rounds", type=int, default=300, help="reads timed of each (default 300)")
+    parser.add_argument(
+        "--node-exporter",
+        default="/usr/bin/prometheus-node-exporter",
+        help="the node_exporter binary (default /usr/bin/prometheus-node-exporter, Debian's)",
+    )
     arguments = parser.parse_args()
     figures = measure(arguments.rounds, arguments.node_exporter)
     collector = figures["node_exporter_collector"]

@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/bench_listener.py [--clients 200] [--seconds 15]
+    .venv/bin/python bench/bench_listener.py [--clients 200] [--seconds 15]
 
 Starts `gpuwatchd run --simulate calm` (a real process, the real listener on
 loopback, polling every second), then runs `--clients` client threads for
@@ -51,9 +51,15 @@ def _poll_stats(url: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=200)
-    parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--port", type=int, default=19477)
+    parser.add_argument(
+        "--clients", type=int, default=200, help="client threads, a connection each (default 200)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=15.0, help="how long they ask (default 15)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=19477, help="the daemon's loopback port (default 19477)"
+    )
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     with tempfile.TemporaryDirectory() as scratch:

@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/bench_node.py [--polls 120] [--scrapes 200]
+    .venv/bin/python bench/bench_node.py [--polls 120] [--scrapes 200]
 
 (bench/run.py measures all of this and more, on 1 to 16 GPUs, with the
 history full; it builds its node with `node_run` from here.)
@@ -100,8 +100,8 @@ def _report(label: str, durations: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--polls", type=int, default=120)
-    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--polls", type=int, default=120, help="polls timed (default 120)")
+    parser.add_argument("--scrapes", type=int, default=200, help="scrapes timed (default 200)")
     args = parser.parse_args()
 
     with (

@@ -2,7 +2,7 @@
 
 Usage:
 
-    python bench/run.py [--quick] [--json bench/results.json] [--rss-polls 100000]
+    .venv/bin/python bench/run.py [--quick] [--json bench/results.json] [--rss-polls 100000]
 
 Measures, on simulated nodes (the fake NVML library under nvidia-ml-py, a
 sysfs tree for InfiniBand) on an injected clock:
@@ -496,7 +496,12 @@ def table(results: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few samples of each (CI)")
-    parser.add_argument("--json", type=Path, default=REPO / "bench" / "results.json")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=REPO / "bench" / "results.json",
+        help="write the figures here (default bench/results.json)",
+    )
     parser.add_argument("--rss-polls", type=int, help="polls before RSS is read (default 10^5)")
     parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -17,7 +17,7 @@ median time to confirmation among the confirmed trials. It measures the
 schedule and the confirmation rules only: what p is for a real defect is
 outside any simulation (docs/sdc.md, "Recall").
 
-    python bench/sdc_recall.py [--trials 200] [--days 7 30] [--seed 1]
+    .venv/bin/python bench/sdc_recall.py [--trials 200] [--days 7 30] [--seed 1]
 """
 
 from __future__ import annotations
@@ -108,12 +108,27 @@ def wilson(successes: int, trials: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--days", type=float, nargs="+", default=[7.0, 30.0])
-    parser.add_argument("--p", type=float, nargs="+", default=[0.1, 0.01, 0.003, 0.001, 0.0003])
-    parser.add_argument("--device-seconds", type=float, default=0.3)
-    parser.add_argument("--seed", type=int, default=1)
+    # The first paragraph: its first line alone ends mid-sentence.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=200, help="trials a cell (default 200)")
+    parser.add_argument(
+        "--days", type=float, nargs="+", default=[7.0, 30.0], help="horizons in days (default 7 30)"
+    )
+    parser.add_argument(
+        "--p",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.01, 0.003, 0.001, 0.0003],
+        help="chances that a burst on the faulty GPU mismatches "
+        "(default 0.1 0.01 0.003 0.001 0.0003)",
+    )
+    parser.add_argument(
+        "--device-seconds",
+        type=float,
+        default=0.3,
+        help="device time a burst is charged on a busy GPU (default 0.3)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     args = parser.parse_args()
     config = CanaryConfig()
     rng = random.Random(args.seed)

@@ -227,23 +227,33 @@ def capture_nvml(
     config: NvmlSourceConfig,
     polls: int = DEFAULT_POLLS,
     before_poll: Callable[[float], None] | None = None,
+    sysfs_root: str = "/sys",
 ) -> dict[str, Any]:
-    """Poll the NVML source `polls` times through a Recorder; what it recorded."""
+    """Poll the NVML source `polls` times through a Recorder; what it recorded.
+    Not available, with the reason, when NVML did not start: on a host
+    without GPUs, or beside GPUs on the PCI bus (under `sysfs_root`)."""
     recorder = Recorder()
     # A capture records NVML's answers; the kernel log is none of them.
     config = replace(config, kernel_log=None)
+    unavailable = None
     with nvml_source.binding(recorder):
         try:
-            source = nvml_source.NvmlSource(clock, config, xid_thread=False)
+            source = nvml_source.NvmlSource(clock, config, xid_thread=False, sysfs_root=sysfs_root)
         except SourceUnavailable as error:
-            return {"available": False, "reason": str(error), **recorder.document()}
+            return {"available": False, "reason": error.problem, **recorder.document()}
         try:
             for _ in range(polls):
                 if before_poll is not None:
                     before_poll(clock.now())
-                source.poll(clock.now())
+                unavailable = source.poll(clock.now()).nvml_unavailable
         finally:
             source.close()
+    if unavailable is not None:
+        reason = (
+            f"NVML cannot start ({unavailable.error}) with {len(unavailable.pci_addresses)} "
+            f"NVIDIA GPU(s) on the PCI bus ({', '.join(unavailable.pci_addresses)})"
+        )
+        return {"available": False, "reason": reason, **recorder.document()}
     return {"available": True, **recorder.document()}
 
 
@@ -458,11 +468,22 @@ def capture_node(
     """A capture of the sources `config` enables (NVML, InfiniBand; none else
     reads hardware). `before_poll(now)` moves a simulated node before each poll."""
     sources = config.sources
-    nvml = capture_nvml(clock, sources.nvml, polls, before_poll) if sources.nvml.enabled else None
+    nvml = None
+    if sources.nvml.enabled:
+        # The PCI tree the daemon looks for GPUs in (assemble.sources).
+        nvml = capture_nvml(clock, sources.nvml, polls, before_poll, sources.pcie.sysfs_root)
     infiniband = sources.infiniband
     return capture_document(
         nvml, capture_infiniband(infiniband.sysfs_root) if infiniband.enabled else None
     )
+
+
+def nvml_missing(document: Mapping[str, Any]) -> str | None:
+    """Why the NVML a capture was to record could not be, if it could not."""
+    nvml = document.get("nvml")
+    if nvml is None or nvml.get("available"):
+        return None
+    return str(nvml.get("reason"))
 
 
 def summary(document: Mapping[str, Any]) -> str:

@@ -39,6 +39,7 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
+from gpuwatchd.actions.webhook import unreadable_files
 from gpuwatchd.assemble import build_daemon, simulate
 from gpuwatchd.canary.cli import canary
 from gpuwatchd.clock import SystemClock
@@ -70,6 +71,7 @@ from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, StoreError
+from gpuwatchd.terminal import colour_wanted, styled
 from gpuwatchd.units import format_duration, parse_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
@@ -104,6 +106,14 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         raise click.BadParameter(str(error)) from error
 
 
+def _flag(flag: str, make: Callable[[], T]) -> T:
+    """`make()`; its ValueError is the flag's, named as such, not the config key's."""
+    try:
+        return make()
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=f"'{flag}'") from error
+
+
 def _apply_overrides(
     config: Config,
     listen: str | None,
@@ -113,17 +123,15 @@ def _apply_overrides(
     sysfs_root: str | None,
 ) -> Config:
     daemon = config.daemon
-    try:
-        if listen is not None:
-            parse_listen(listen)
-            daemon = replace(daemon, listen=listen)
-        if state_dir is not None:
-            daemon = replace(daemon, state_dir=state_dir)
-        if interval is not None:
-            daemon = replace(daemon, poll_interval=interval)
-        config = config.only_sources(sources) if sources else config
-    except ValueError as error:
-        raise click.UsageError(str(error)) from error
+    if listen is not None:
+        _flag("--listen", lambda: parse_listen(listen))
+        daemon = replace(daemon, listen=listen)
+    if state_dir is not None:
+        daemon = replace(daemon, state_dir=state_dir)
+    if interval is not None:
+        daemon = _flag("--interval", lambda: replace(daemon, poll_interval=interval))
+    if sources:
+        config = _flag("--source", lambda: config.only_sources(sources))
     chosen = config.sources
     if sysfs_root is not None:
         chosen = replace(
@@ -252,9 +260,7 @@ def run(
             ", ".join(config.enabled_sources()) or "none",
             f", simulating {simulate}" if simulate else "",
         )
-        if scratch is not None:
-            _tell_where(scratch, server.url, config)
-        daemon.run(Notifier())
+        daemon.run(Notifier() if scratch is None else _TellWhere(scratch, server.url, config))
     log.info("stopped")
 
 
@@ -281,18 +287,31 @@ def _check_port_free(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def _tell_where(state_dir: str, url: str, config: Config) -> None:
-    """The one line that points the CLI in another terminal at a simulated
-    daemon whose state lives in a temporary directory."""
-    variables = [f"{STATE_DIR_ENV}={shlex.quote(state_dir)}"]
-    if config.daemon.listen != DEFAULT_LISTEN:
-        variables.append(f"{NODE_ENV}={shlex.quote(url)}")
-    click.echo(
-        f"export {' '.join(variables)}   # for gpuwatchd commands in another terminal; "
-        "this simulated node's state (journal, API token) is removed when it stops, "
-        "unless --state-dir names a directory to keep",
-        err=True,
-    )
+# Printed above the export line: short enough not to wrap in 120 columns.
+TELL_WHERE = (
+    "# for gpuwatchd commands in another terminal (this node's state goes when it stops; "
+    "--state-dir keeps it):"
+)
+
+
+class _TellWhere(Notifier):
+    """systemd's notifier that, once the first poll is done (READY), also
+    prints the line pointing the CLI in another terminal at a simulated
+    daemon whose state lives in a temporary directory: after the start's
+    burst of log lines, where it is the last one, in bold on a terminal."""
+
+    def __init__(self, state_dir: str, url: str, config: Config) -> None:
+        super().__init__()
+        variables = [f"{STATE_DIR_ENV}={shlex.quote(state_dir)}"]
+        if config.daemon.listen != DEFAULT_LISTEN:
+            variables.append(f"{NODE_ENV}={shlex.quote(url)}")
+        self.line = f"export {' '.join(variables)}"
+
+    def ready(self, status: str) -> None:
+        super().ready(status)
+        bold = colour_wanted(sys.stderr, os.environ)
+        click.echo(TELL_WHERE, err=True)
+        click.echo(click.style(self.line, bold=True) if bold else self.line, err=True)
 
 
 def _listen(
@@ -426,6 +445,8 @@ def status(as_json: bool, node_url: str | None, config_path: str | None) -> None
         raise _unreachable(client, error) from error
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
+    elif colour_wanted(sys.stdout, os.environ):
+        click.echo(render_table(document, styled), color=True)
     else:
         click.echo(render_table(document))
 
@@ -433,12 +454,18 @@ def status(as_json: bool, node_url: str | None, config_path: str | None) -> None
 @main.command("check-config")
 @click.argument("path", type=click.Path(dir_okay=False))
 def check_config(path: str) -> None:
-    """Validate a config file: exit 0, or name the file, line and key that is wrong."""
+    """Validate a config file: exit 0, or name the file, line and key that is wrong.
+
+    Files the config names that cannot be read on this host (a webhook's
+    secret) are warnings: a config is also checked away from its nodes."""
     try:
-        load_config(path)
+        config = load_config(path)
     except SettingsError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
+    for webhook in config.actions.webhooks:
+        for problem in unreadable_files(webhook):
+            click.echo(f"warning: {problem} here", err=True)
     click.echo(f"{path}: ok")
 
 
@@ -517,8 +544,10 @@ def journal(
             entries, truncated = _api_journal(client, window)
         except (DaemonUnreachable, DaemonError) as error:
             raise _unreachable(client, error) from error
+    elif state_dir is None:
+        entries, truncated = _default_journal(config, window)
     else:
-        entries, truncated = _local_journal(config, state_dir or config.daemon.state_dir, window)
+        entries, truncated = _local_journal(config, state_dir, window)
     for entry in entries:
         if as_json:
             click.echo(json.dumps(dataclasses.asdict(entry), sort_keys=True, default=dict))
@@ -546,16 +575,43 @@ class _Window:
 _Journal = tuple[tuple[JournalEntry, ...], bool]
 
 
+def _no_database(path: str) -> str:
+    return (
+        f"no state database at {path} (has gpuwatchd run here? --state-dir, or "
+        f"${STATE_DIR_ENV} as a simulated daemon prints it)"
+    )
+
+
+def _default_journal(config: Config, window: _Window) -> _Journal:
+    """No state directory named: the config's, or, when it has no database,
+    the journal of the daemon at the config's address, as `status` shows
+    that daemon (a simulated one keeps its database elsewhere)."""
+    path = os.path.join(config.daemon.state_dir, DB_NAME)
+    if os.path.exists(path):
+        return _local_journal(config, config.daemon.state_dir, window)
+    client = _client(config, None)
+    try:
+        held = client.get("/api/v1/status").get("state_dir")
+        journal = _api_journal(client, window)
+    except (DaemonUnreachable, DaemonError) as error:
+        raise click.ClickException(
+            f"{_no_database(path)}, and no daemon answers at {client.url} ({error})"
+        ) from error
+    where = f" (its state directory {held})" if isinstance(held, str) else ""
+    click.echo(
+        f"no state database at {path}: the journal of the gpuwatchd at {client.url}{where}",
+        err=True,
+    )
+    return journal
+
+
 def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
     """The newest entries of the window in the state database of `directory`,
     and whether older ones were left out. A running daemon holds its
     database: then the daemon at the config's address answers instead."""
     path = os.path.join(directory, DB_NAME)
     if not os.path.exists(path):
-        raise click.ClickException(
-            f"no state database at {path} (has gpuwatchd run here? --state-dir, or "
-            f"${STATE_DIR_ENV} as a simulated daemon prints it)"
-        )
+        raise click.ClickException(_no_database(path))
     try:
         # Without waiting: a daemon would hold it until it stops.
         return _database_journal(directory, 0.0, window)
@@ -634,7 +690,9 @@ main.add_command(canary)
 )
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
 @click.option(
-    "--sysfs-root", type=click.Path(file_okay=False), help="Read InfiniBand under this root."
+    "--sysfs-root",
+    type=click.Path(file_okay=False),
+    help="Read InfiniBand, and look for GPUs on the PCI bus, under this root.",
 )
 @click.option(
     "--polls",
@@ -681,6 +739,13 @@ def capture(
     with click.open_file(out, "w", encoding="utf-8", atomic=out != "-") as stream:
         stream.write(captures.dumps(document))
     click.echo(f"captured {captures.summary(document)}", err=True)
+    missing = captures.nvml_missing(document)
+    if missing is not None:
+        # The file says why, for a report; a script must not take it for a node's capture.
+        raise click.ClickException(
+            f"no GPU was captured: {missing} (a config with sources.nvml.enabled: false "
+            "captures InfiniBand alone; --simulate SCENARIO, a simulated node)"
+        )
 
 
 @dataclass(frozen=True)
@@ -693,16 +758,22 @@ class _Target:
     token_file: str
     state_dir: str
 
-    def secret(self) -> str | None:
-        """The token to send; None when the file cannot be read (the daemon's
-        401 then says so, and offline mode needs none)."""
+    def secret(self) -> str:
+        """The token a write sends. Without one the daemon would refuse the
+        write (and journal the refusal), so nothing is sent and the reason is
+        the message, once a read says the daemon is there (a daemon down is
+        the message first; the state database needs no token)."""
         exposed = _exposed(self.token_file)
         if exposed:
             click.echo(f"warning: {exposed}; chmod 600 {self.token_file}", err=True)
         try:
             return client_secret(self.token_file)
-        except (OSError, ValueError):
-            return None
+        except (OSError, ValueError) as error:
+            self.client.get("/api/v1/status")
+            raise click.ClickException(
+                f"nothing was sent to {self.client.url}, which takes changes only with a "
+                f"token: {self.token_problem()}"
+            ) from error
 
     def token_problem(self) -> str:
         """Why a 401 came back, as far as the token file tells."""

@@ -88,7 +88,7 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.poll_interval < MIN_POLL_INTERVAL:
             raise ValueError(
-                f"poll_interval must be at least {MIN_POLL_INTERVAL:g}s (less is a busy loop)"
+                f"the poll interval must be at least {MIN_POLL_INTERVAL:g}s (less is a busy loop)"
             )
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be {', '.join(LOG_LEVELS)}, got {self.log_level!r}")

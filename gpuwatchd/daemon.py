@@ -50,6 +50,15 @@ from gpuwatchd.store import (
 
 log = logging.getLogger(__name__)
 
+# A finding's log level, so that journald's priority says its severity: an
+# [ok] finding (an XID that condemns nothing) is news, a critical one an error
+# (`journalctl -p err` and syslog-based alerting see it; warning went unseen).
+FINDING_LOG_LEVELS = {
+    Severity.OK: logging.INFO,
+    Severity.WARN: logging.WARNING,
+    Severity.CRITICAL: logging.ERROR,
+}
+
 # The state database fact that holds the InfiniBand ports seen ACTIVE (Store.fact).
 EXPECTED_PORTS = "infiniband_ports_seen_active"
 # A difference between the wall clock and the daemon's reckoning that is a
@@ -522,9 +531,8 @@ class Daemon:
     @staticmethod
     def _log_changes(result: PolicyResult) -> None:
         for finding in result.raised:
-            # An [ok] finding (an XID that condemns nothing) is news, not a warning.
             log.log(
-                logging.INFO if finding.severity is Severity.OK else logging.WARNING,
+                FINDING_LOG_LEVELS[finding.severity],
                 "%s: %s %s: %s",
                 finding.subject,
                 finding.severity.label,

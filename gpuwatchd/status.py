@@ -14,6 +14,7 @@ from gpuwatchd.canary.confirm import OFFLINE_DIAGNOSTIC, Lead, Watch
 from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.model import Finding, GpuSample, Health, PortSample, Quarantine
 from gpuwatchd.snapshot import Snapshot
+from gpuwatchd.terminal import Paint, plain
 
 JsonDict = dict[str, Any]
 
@@ -195,10 +196,13 @@ def _cell(value: object, scale: float = 1.0, digits: int = 0) -> str:
     return str(value)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], paint: Paint = plain) -> list[str]:
+    """Aligned columns; `paint` styles a cell after its width is measured."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        "  ".join(
+            paint(cell) + " " * (w - len(cell)) for cell, w in zip(row, widths, strict=True)
+        ).rstrip()
         for row in [header, *rows]
     ]
 
@@ -210,13 +214,14 @@ def format_time(timestamp: object) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def render_table(data: Mapping[str, Any]) -> str:
+def render_table(data: Mapping[str, Any], paint: Paint = plain) -> str:
+    """The status document for people; `paint` colours what is wrong (terminal.py)."""
     lines = [
-        f"node health: {data['node']['health']}    as of {format_time(data['time'])}"
+        f"node health: {paint(data['node']['health'])}    as of {format_time(data['time'])}"
         f"    driver {data.get('driver_version') or '-'}",
     ]
     sources = ", ".join(
-        f"{name} {'up' if info['up'] else 'DOWN (' + str(info['error']) + ')'}"
+        f"{name} {'up' if info['up'] else paint('DOWN') + ' (' + str(info['error']) + ')'}"
         for name, info in data["sources"].items()
     )
     lines.append(f"sources: {sources or 'none'}")
@@ -257,6 +262,7 @@ def render_table(data: Mapping[str, Any]) -> str:
                     ]
                     for g in data["gpus"]
                 ],
+                paint,
             )
         )
     if data["infiniband_ports"]:
@@ -275,6 +281,7 @@ def render_table(data: Mapping[str, Any]) -> str:
                     ]
                     for p in data["infiniband_ports"]
                 ],
+                paint,
             )
         )
     unwell = [s for s in data["subjects"] if s["findings"] or s["state"] != "healthy"]
@@ -283,14 +290,15 @@ def render_table(data: Mapping[str, Any]) -> str:
         lines.append("findings:")
         for subject in unwell:
             lines.append(
-                f"  {subject['subject']}: {subject['state']} since {format_time(subject['since'])}"
+                f"  {subject['subject']}: {paint(subject['state'])} "
+                f"since {format_time(subject['since'])}"
             )
             for finding in subject["findings"]:
                 evidence = " ".join(
                     f"{k}={_evidence_value(v)}" for k, v in finding["evidence"].items()
                 )
                 lines.append(
-                    f"    [{finding['severity']}] {_fault(finding)}{finding['check']}/"
+                    f"    [{paint(finding['severity'])}] {_fault(finding)}{finding['check']}/"
                     f"{finding['code']}: {finding['message']} (action: {finding['action']}) "
                     f"{evidence}".rstrip()
                 )

@@ -249,12 +249,19 @@ def print_notification(notification: Notification) -> None:
 # --- the stack --------------------------------------------------------------
 
 
-def binary(*names: str) -> str:
+def binary(*names: str, package: str | None = None) -> str:
+    """The first of `names` on PATH. None there is an exit that names the
+    Debian package to install (`package`, the first name by default)."""
     for name in names:
         found = shutil.which(name)
         if found:
             return found
-    raise SystemExit(f"none of {', '.join(names)} is on PATH")
+    package = package or names[0]
+    raise SystemExit(
+        f"none of {', '.join(names)} is on PATH: install Debian's {package} package "
+        f"(`apt-get install {package}` as root; ./scripts/test installs every package "
+        "the stacks need)"
+    )
 
 
 def get_json(url: str, timeout: float = 10.0) -> Any:

@@ -248,7 +248,7 @@ class FleetStack(Services):
         self.spawn(
             "vmalert",
             [
-                binary("vmalert"),
+                binary("vmalert", package="victoria-metrics"),
                 f"-rule={self._write_rules() / '*.yml'}",
                 f"-datasource.url={self.vm_url}",
                 f"-remoteWrite.url={self.vm_url}",
@@ -446,15 +446,53 @@ def main(argv: Sequence[str]) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
-    parser.add_argument("--shape", choices=("gpu", "full"), default="gpu")
-    parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
-    parser.add_argument("--base-port", type=int, default=19500)
-    parser.add_argument("--time-scale", type=float, default=30.0)
-    parser.add_argument("--interval", type=float, default=5.0, help="poll, scrape, evaluate")
-    parser.add_argument("--rules", choices=("fleet", "all"), default="fleet")
+    parser.add_argument(
+        "--shape",
+        choices=("gpu", "full"),
+        default="gpu",
+        help="gpu: the GPUs alone, about 600 series a node; full: the whole HGX node, 18 "
+        "NVLinks a GPU and 8 HCAs, about 2,100 (default gpu)",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=600.0, help="seconds, then it stops (default 600)"
+    )
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=19500,
+        help="VictoriaMetrics' port; vmalert +1, Alertmanager +2, the receiver +3, the "
+        "scrapers +4 and +5, the nodes +6 (default 19500)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=30.0,
+        help="divide the rules' durations by this (default 30; 1 = as shipped)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        help="seconds between polls, scrapes and rule evaluations (default 5)",
+    )
+    parser.add_argument(
+        "--rules",
+        choices=("fleet", "all"),
+        default="fleet",
+        help="fleet: the recording and fleet groups; all: the node alerts too (default fleet)",
+    )
     parser.add_argument("--measure", type=float, help="print figures over this many seconds")
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds before --measure")
-    parser.add_argument("--workdir", type=Path, help="keep configs, data and logs here")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds from the nodes being up to --measure (default 30)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep configs, data and logs here (default: a temporary directory, removed)",
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpuwatchd-fleet-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -282,8 +282,13 @@ def daemon_process(
 def _polled(running: DaemonProcess) -> bool:
     if running.process.poll() is not None:
         raise AssertionError(f"daemon exited: {running.process.communicate()[1]}")
+    return answers(f"{running.url}/healthz")
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 now (/healthz: once the daemon has polled)."""
     try:
-        with urllib.request.urlopen(f"{running.url}/healthz", timeout=1) as response:
+        with urllib.request.urlopen(url, timeout=1) as response:
             return bool(response.status == 200)
     except OSError:
         return False

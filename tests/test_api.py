@@ -43,8 +43,9 @@ def test_a_quarantine_through_the_api_is_on_metrics_when_the_request_returns(api
     assert document["decision"]["kind"] == "quarantine"
     assert document["quarantine"]["operator"] == "alice"  # the token's name
     metrics = api.metrics()
+    # The operator's words are the API's and the journal's, not a label's.
     assert (
-        'gpuwatchd_quarantined{fault_code="",reason="fan noise",source="manual",'
+        'gpuwatchd_quarantined{fault_code="",reason="operator",source="manual",'
         'subject="gpu:2"} 1.0' in metrics
     )
     # What follows from it follows at once: one GPU of four quarantines the node.

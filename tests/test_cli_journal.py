@@ -253,3 +253,33 @@ def test_journal_of_a_held_database_never_prints_another_daemons_under_its_name(
     )
     assert own.exit_code == 0, own.output
     assert "on B" in own.stdout
+
+
+def test_journal_with_no_database_where_the_config_says_reads_the_daemon_status_reaches(
+    tmp_path: Path,
+) -> None:
+    # The Quick start without its export line: the simulated daemon keeps its
+    # database elsewhere and answers at the config's address, as status finds it.
+    port = free_port()
+    running = write_config(tmp_path / "running.yaml", tmp_path / "sim", port, {})
+    default = write_config(tmp_path / "default.yaml", tmp_path / "var-lib", port, {})
+    unset = {"GPUWATCHD_STATE_DIR": None, "GPUWATCHD_NODE": None}
+    with daemon_process(running):
+        added = CliRunner().invoke(
+            main, ["quarantine", "add", "gpu:2", "--reason", "drill", "--config", str(running)]
+        )
+        assert added.exit_code == 0, added.output
+        result = CliRunner(env=unset).invoke(
+            main, ["journal", "--since", "1h", "--config", str(default)]
+        )
+    assert result.exit_code == 0, result.output
+    assert "quarantine gpu:2 (manual" in result.stdout
+    assert result.stderr == (
+        f"no state database at {tmp_path / 'var-lib' / 'state.db'}: the journal of the "
+        f"gpuwatchd at http://127.0.0.1:{port} (its state directory {tmp_path / 'sim'})\n"
+    )
+    assert not (tmp_path / "var-lib").exists()  # a read creates nothing
+    down = CliRunner(env=unset).invoke(main, ["journal", "--config", str(default)])
+    assert down.exit_code == 1
+    assert f"no state database at {tmp_path / 'var-lib' / 'state.db'}" in down.output
+    assert f"and no daemon answers at http://127.0.0.1:{port}" in down.output

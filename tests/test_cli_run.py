@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwatchd.cli import main
+from gpuwatchd.cli import TELL_WHERE, main
 
 
 def _free_port() -> int:
@@ -136,6 +136,24 @@ def test_run_rejects_a_broken_config_naming_the_line(tmp_path: Path) -> None:
     assert f"{config}:3: daemon.listen: listen must be HOST:PORT" in result.output
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--interval", "0s", "the poll interval must be at least 0.1s"),
+        ("--listen", "9477", "listen must be HOST:PORT such as 127.0.0.1:9477"),
+    ],
+)
+def test_a_bad_flag_is_named_as_the_flag_not_the_config_key(
+    flag: str, value: str, said: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        main, ["run", "--simulate", "--state-dir", str(tmp_path), flag, value]
+    )
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for '{flag}': {said}" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def _start(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "gpuwatchd", "run", "--interval", "200ms", *args],
@@ -147,10 +165,10 @@ def _start(*args: str) -> subprocess.Popen[str]:
 def _exported(process: subprocess.Popen[str]) -> dict[str, str]:
     """The variables of the `export ...` line a simulated daemon prints."""
     assert process.stderr is not None
-    for _ in range(200):  # the line comes within the first few
+    for _ in range(200):  # the line comes after the first poll's few
         line = process.stderr.readline()
         if line.startswith("export "):
-            words = line.split("#", 1)[0].split()[1:]
+            words = line.split()[1:]
             return dict(word.split("=", 1) for word in words)
         if not line:
             break
@@ -162,6 +180,25 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.send_signal(signal.SIGTERM)
     process.communicate(timeout=10)
     assert process.returncode == 0
+
+
+def test_the_export_line_comes_once_the_first_poll_is_done_below_its_comment() -> None:
+    port = _free_port()
+    process = _start("--simulate", "calm", "--listen", f"127.0.0.1:{port}")
+    try:
+        assert process.stderr is not None
+        before = []
+        for line in iter(process.stderr.readline, ""):
+            if line.startswith("export "):
+                break
+            before.append(line.rstrip("\n"))
+        assert before and before[-1] == TELL_WHERE
+        # READY came first: the daemon has polled and serves without a wait.
+        url = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{url}/api/v1/status", timeout=5) as response:
+            assert json.load(response)["polls"] >= 1
+    finally:
+        _stop(process)
 
 
 def test_the_quick_start_daemon_tells_the_cli_where_its_state_and_token_are(

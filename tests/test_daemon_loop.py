@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import urllib.error
@@ -18,6 +19,7 @@ from daemon_support import simulated_daemon
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.logs import JournalFormatter
 from gpuwatchd.model import GpuSample, Reading
 from gpuwatchd.notify import Notifier
 from gpuwatchd.server import StatusServer
@@ -180,3 +182,25 @@ def test_an_ok_finding_is_logged_at_info(tmp_path: Path, caplog: pytest.LogCaptu
         sim.run_until(30)
     [record] = [r for r in caplog.records if "xid_application" in r.getMessage()]
     assert record.levelno == logging.INFO and record.getMessage().startswith("gpu:4: ok ")
+
+
+def test_a_critical_finding_is_logged_at_error_and_a_warning_at_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # First-day review N20: `journalctl -p err` missed the critical ones.
+    scenario = (
+        "faults: [{at: 5s, kind: ecc_uncorrectable, gpu: 1},"
+        " {at: 5s, kind: thermal_throttle, gpu: 2}]"
+    )
+    with simulated_daemon(scenario, tmp_path) as sim:
+        sim.run_until(90)
+    raised = {
+        found[1]: r
+        for r in caplog.records
+        if (found := re.match(r"gpu:\d: (?:ok|warn|critical) (\w+): ", r.getMessage()))
+    }
+    critical, warning = raised["ecc_uncorrectable"], raised["thermal_throttling"]
+    assert critical.levelno == logging.ERROR and warning.levelno == logging.WARNING
+    # journald reads the priority from the line's prefix: err (3), warning (4).
+    assert JournalFormatter(syslog_prefix=True).format(critical).startswith("<3>")
+    assert JournalFormatter(syslog_prefix=True).format(warning).startswith("<4>")

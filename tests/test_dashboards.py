@@ -217,6 +217,11 @@ def test_a_gpu_whose_mismatch_counter_was_first_scraped_after_a_mismatch_is_list
 def test_provisioning_points_grafana_at_prometheus_and_the_dashboards_folder() -> None:
     datasources = yaml.safe_load((PROVISIONING / "datasources" / "gpuwatchd.yml").read_text())
     assert [source["type"] for source in datasources["datasources"]] == ["prometheus"]
+    # Copied into a Grafana that has its own (first-day review N14): no clash
+    # with its default, nor with the generic name and uid a site's may have.
+    [source] = datasources["datasources"]
+    assert source["isDefault"] is False
+    assert source["name"] == source["uid"] == "gpuwatchd-prometheus"
     providers = yaml.safe_load((PROVISIONING / "dashboards" / "gpuwatchd.yml").read_text())
     [provider] = providers["providers"]
     assert provider["type"] == "file"

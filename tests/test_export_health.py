@@ -74,13 +74,14 @@ def test_only_active_findings_are_exported() -> None:
     ]
 
 
-def test_dry_run_quarantines_have_a_family_of_their_own() -> None:
+def test_dry_run_quarantines_have_a_family_of_their_own_and_an_operators_words_no_label() -> None:
     text = render(SNAPSHOT)
     assert lines(text, "gpuwatchd_quarantined") == [
         'gpuwatchd_quarantined{fault_code="GW-1103",reason="row_remap_failure",source="auto",'
         'subject="gpu:3"} 1.0',
-        # A manual quarantine names no finding: the label is empty (absent to Prometheus).
-        'gpuwatchd_quarantined{fault_code="",reason="fan noise",source="manual",'
+        # A manual quarantine names no finding: the fault code is empty (absent to
+        # Prometheus), and the operator's words are no label.
+        'gpuwatchd_quarantined{fault_code="",reason="operator",source="manual",'
         'subject="gpu:6"} 1.0',
     ]
     assert lines(text, "gpuwatchd_quarantined_dry_run") == [

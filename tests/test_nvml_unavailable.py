@@ -10,6 +10,7 @@ test's own holding one NVIDIA GPU function.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from actions_support import REPO, free_port, wait_for
+from actions_support import REPO, answers, free_port, wait_for
 from click.testing import CliRunner
 from daemon_support import simulated_daemon
 
@@ -183,6 +184,33 @@ def test_a_node_whose_every_source_is_down_reads_unknown_until_one_works(
         daemon.close()
 
 
+def test_run_with_infiniband_alone_on_a_host_without_it_reads_unknown_not_healthy(
+    tmp_path: Path,
+) -> None:
+    # First-day review N10, as reproduced there: `run --source infiniband`
+    # with no /sys/class/infiniband under the sysfs root.
+    port = free_port()
+    command = [
+        sys.executable, "-m", "gpuwatchd", "run", "--source", "infiniband",
+        "--sysfs-root", str(tmp_path / "sys"), "--state-dir", str(tmp_path / "state"),
+        "--listen", f"127.0.0.1:{port}", "--interval", "200ms",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: answers(f"{url}/healthz"), "the first poll", timeout=60)
+        status = CliRunner().invoke(main, ["status", "--json", "--node", url])
+        check = CliRunner().invoke(main, ["slurm-healthcheck", "--node", url])
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    document = json.loads(status.output)
+    assert document["node"]["health"] == "unknown"
+    assert document["sources"]["infiniband"]["up"] is False
+    assert "no RDMA driver loaded" in document["sources"]["infiniband"]["error"]
+    assert check.exit_code == 1 and check.output.startswith("gpuwatchd: node unknown")
+
+
 def test_a_quarantined_node_stays_quarantined_while_blind() -> None:
     held = quarantine_manually(PolicyState(), "node", "maintenance", "alice", 0.0).state
     assert evaluate([], held, 10.0, PolicyConfig(), ("node",), blind=True).node_health is (
@@ -220,3 +248,41 @@ def test_a_fresh_verdict_of_a_stopped_daemon_still_counts(tmp_path: Path) -> Non
     state = tmp_path / "state"
     _saved(state, time.time() - 5)
     assert _healthcheck(state) == (0, "gpuwatchd: node healthy\n")
+
+
+@no_nvml_here
+@pytest.mark.parametrize("gpu_on_bus", [False, True])
+def test_capture_where_nvml_does_not_start_fails_and_its_file_says_why(
+    gpu_on_bus: bool, tmp_path: Path
+) -> None:
+    root = gpu_on_the_bus(tmp_path / "sys") if gpu_on_bus else tmp_path / "sys"
+    out = tmp_path / "node.capture.json"
+    result = CliRunner().invoke(
+        main, ["capture", "--polls", "1", "--sysfs-root", str(root), "--out", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    assert "Error: no GPU was captured: NVML " in result.stderr
+    assert "gpuwatchd run" not in result.stderr  # the daemon's hint, not the capture's
+    reason = json.loads(out.read_text())["nvml"]["reason"]
+    assert reason in result.stderr
+    if gpu_on_bus:
+        assert reason.startswith("NVML cannot start (") and "(0000:18:00.0)" in reason
+    else:
+        assert reason.startswith("NVML could not be loaded (")
+
+
+@no_nvml_here
+@pytest.mark.parametrize("asked", [["--backend", "cuda"], ["--gpu", "0"]])
+def test_canary_for_a_gpu_on_a_host_without_any_says_there_is_none_not_install_cupy(
+    asked: list[str], tmp_path: Path
+) -> None:
+    # First-day review N22: the advice was to install the cuda extra.
+    root = tmp_path / "sys"
+    result = CliRunner().invoke(canary_command, [*asked, "--sysfs-root", str(root)])
+    assert result.exit_code == EXIT_CANNOT_RUN, result.output
+    assert result.output.startswith(
+        f"Error: no GPU to check here: NVML cannot start (NVML Shared Library Not Found) and "
+        f"the PCI bus under {root} has no NVIDIA GPU (CUDA: "
+    )
+    assert "install gpuwatchd's cuda extra" not in result.output
+    assert "`--backend cpu` checks the host's cores" in result.output

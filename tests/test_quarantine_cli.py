@@ -71,7 +71,7 @@ def test_add_list_and_release_through_a_running_daemon(daemon: DaemonProcess, co
     assert added.exit_code == 0, added.output
     assert added.output == "quarantined gpu:5: fan at 100%\n"
     assert (
-        'gpuwatchd_quarantined{fault_code="",reason="fan at 100%",source="manual",'
+        'gpuwatchd_quarantined{fault_code="",reason="operator",source="manual",'
         'subject="gpu:5"} 1.0' in daemon.metrics()
     )
 
@@ -118,6 +118,23 @@ def test_a_wrong_token_is_refused_and_journaled(
     ]
 
 
+def test_a_change_without_a_readable_token_is_not_sent_and_says_why(
+    daemon: DaemonProcess, config: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-such-token"
+    for command in (["add", "gpu:1", "--reason", "x"], ["release", "gpu:1"]):
+        result = cli("quarantine", *command, "--config", str(config), "--token-file", str(missing))
+        assert result.exit_code == 1, result.output
+        assert result.output == (
+            f"Error: nothing was sent to {daemon.url}, which takes changes only with a token: "
+            f"cannot read the API token file {missing}: No such file or directory "
+            "(--token-file, or $GPUWATCHD_STATE_DIR as a simulated daemon prints it)\n"
+        )
+    # No request doomed to a 401: none refused, none journaled.
+    assert "gpuwatchd_api_refused_requests_total 0.0" in daemon.metrics()
+    assert [e for e in _journal(config) if e["kind"] == "api_refused"] == []
+
+
 def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_started_later_has_them(
     tmp_path: Path,
 ) -> None:
@@ -138,7 +155,7 @@ def test_with_the_daemon_down_changes_go_to_the_state_database_and_a_daemon_star
 
         with daemon_process(config) as daemon:
             assert (
-                'gpuwatchd_quarantined{fault_code="",reason="RMA",source="manual",'
+                'gpuwatchd_quarantined{fault_code="",reason="operator",source="manual",'
                 'subject="node"} 1.0' in daemon.metrics()
             )
             # The event written with the offline change is delivered by the daemon.

@@ -4,10 +4,18 @@ evidence a person can read, and the agent's own cost."""
 
 from __future__ import annotations
 
+import os
+import pty
+import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import click
+from api_support import api_on
 from daemon_support import SimulatedDaemon, simulated_daemon
 from prometheus_client import generate_latest
 
@@ -16,6 +24,7 @@ from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.config import Config
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.status import render_table, to_json
+from gpuwatchd.terminal import colour_wanted
 
 SDC = "node: {gpus: 2, nvlinks: 2, hcas: 1}\nfaults: []\n"
 # A burst a minute, so that a lead opens within the first polls.
@@ -150,3 +159,63 @@ def test_a_board_condemned_for_its_row_remap_shows_its_fault_code_in_status(
         line.startswith("  gpu:1 [") and ": GW-1103 row_remap_failure (auto" in line
         for line in table
     )
+
+
+def _status_on(stdout_is_a_terminal: bool, url: str, **environ: str) -> str:
+    """`gpuwatchd status --node URL` as a person runs it: its stdout a
+    terminal (a pseudo-terminal) or a pipe."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    command = [sys.executable, "-m", "gpuwatchd", "status", "--node", url]
+    if not stdout_is_a_terminal:
+        result = subprocess.run(command, env={**env, **environ}, capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.decode()
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(command, env={**env, **environ}, stdout=terminal)
+        os.close(terminal)
+        output = b""
+        while chunk := _read_pty(controller):
+            output += chunk
+        assert process.wait(timeout=60) == 0
+    finally:
+        os.close(controller)
+    return output.decode().replace("\r\n", "\n")
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the command closed the terminal
+        return b""
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_status_on_a_terminal_colours_what_is_wrong_and_piped_or_no_color_stays_plain(
+    tmp_path: Path,
+) -> None:
+    with api_on(tmp_path) as api:
+        status, _ = api.request("POST", "/api/v1/quarantines", {"subject": "gpu:1", "reason": "x"})
+        assert status == 201
+        coloured = _status_on(True, api.url)
+        piped = _status_on(False, api.url)
+        no_color = _status_on(True, api.url, NO_COLOR="1")
+        dumb = _status_on(True, api.url, TERM="dumb")
+    assert "\x1b[" not in piped and "\x1b[" not in no_color and "\x1b[" not in dumb
+    assert ANSI.sub("", coloured) == piped  # the same table, columns aligned alike
+    quarantined = click.style("quarantined", fg="magenta", bold=True)
+    assert f"node health: {quarantined}" in coloured
+    gpu_row = next(line for line in coloured.splitlines() if line.startswith("1 "))
+    assert quarantined in gpu_row
+
+
+def test_colour_is_for_a_terminal_unless_no_color_is_set_and_not_empty() -> None:
+    controller, terminal = pty.openpty()
+    with os.fdopen(terminal, "w") as tty, tempfile.TemporaryFile("w") as file:
+        assert colour_wanted(tty, {}) and colour_wanted(tty, {"NO_COLOR": ""})
+        assert not colour_wanted(tty, {"NO_COLOR": "1"})
+        assert not colour_wanted(tty, {"TERM": "dumb"})
+        assert not colour_wanted(file, {})
+    os.close(controller)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import random
 import sqlite3
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from actions_support import Receiver, free_port, receiver
+from click.testing import CliRunner
 from daemon_support import simulated_daemon
 from prometheus_client import generate_latest
 
@@ -25,6 +27,7 @@ from gpuwatchd.actions.webhook import (
     WebhookConfig,
     WebhookSender,
 )
+from gpuwatchd.cli import main
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import ActionsConfig, Config
 from gpuwatchd.status import render_table, to_json
@@ -279,3 +282,42 @@ def test_dead_letters_show_on_metrics_and_in_status(tmp_path: Path) -> None:
     assert 'gpuwatchd_webhook_deliveries_total{result="dead_letter",webhook="ops"}' in metrics
     table = render_table(json.loads(json.dumps(to_json(snapshot))))
     assert f"ops: 0 pending, {dead} dead letters" in table
+
+
+def test_a_webhook_key_file_missing_at_the_start_is_logged_and_shown_before_any_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = tmp_path / "pagerduty-key"
+    webhook = _config(
+        "https://events.pagerduty.com/v2/enqueue",
+        format="pagerduty",
+        routing_key_file=str(missing),
+    )
+    config = Config(actions=ActionsConfig(webhooks=(webhook,)))
+    with caplog.at_level(logging.ERROR), simulated_daemon(SCENARIO, tmp_path, config) as sim:
+        snapshot = sim.daemon.step()
+    problem = (
+        f"webhook ops: its routing_key_file {missing} cannot be read (No such file or directory)"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"{problem}: its events wait in the outbox until it can"
+    ]
+    assert snapshot.webhooks[0].last_error == problem
+
+
+def test_check_config_warns_of_a_webhook_file_this_host_cannot_read(tmp_path: Path) -> None:
+    readable = tmp_path / "secret"
+    readable.write_text("s3cret\n")
+    config = tmp_path / "gpuwatchd.yaml"
+    config.write_text(
+        "actions:\n  webhooks:\n"
+        "    - {name: oncall, url: 'https://events.pagerduty.com/v2/enqueue', "
+        f"format: pagerduty, routing_key_file: {tmp_path / 'nope'}, secret_file: {readable}}}\n"
+    )
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0  # checked away from its nodes, a config names files they hold
+    assert result.stderr == (
+        f"warning: webhook oncall: its routing_key_file {tmp_path / 'nope'} cannot be read "
+        "(No such file or directory) here\n"
+    )
+    assert result.stdout == f"{config}: ok\n"

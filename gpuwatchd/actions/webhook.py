@@ -485,6 +485,29 @@ def _read_secret(path: str) -> bytes:
         return handle.read().strip()
 
 
+def unreadable_files(config: WebhookConfig) -> list[str]:
+    """The files `config` names that cannot be read here, one line each: the
+    webhook's every event would wait for them (retried, then dead-lettered)."""
+    named = (
+        ("secret_file", config.secret_file),
+        ("routing_key_file", config.routing_key_file),
+        ("ca_file", config.ca_file),
+    )
+    problems = []
+    for key, path in named:
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as error:
+            problems.append(
+                f"webhook {config.name}: its {key} {path} cannot be read "
+                f"({error.strerror or error})"
+            )
+    return problems
+
+
 class WebhookSender:
     """Delivers one webhook's queue. `run_once(now)` sends what is due, in
     order, and returns when the head is due next (None: the queue is empty)."""
@@ -506,6 +529,10 @@ class WebhookSender:
         self._should_stop = should_stop
         self._counts = Counts()
         self.last_error: str | None = None
+        # Said at the start, not first at the first event, which may come months later.
+        for problem in unreadable_files(config):
+            log.error("%s: its events wait in the outbox until it can", problem)
+            self.last_error = problem
 
     @property
     def counts(self) -> Counts:

@@ -113,6 +113,7 @@ def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> dict[int, str | None]
     cannot see, is never passed silently."""
     if backend == "cpu":
         return {}
+    no_gpu = "NVML sees no GPU"
     try:
         nvml = dict(nvml_gpus())
     except NvmlCannotStart as error:
@@ -124,13 +125,20 @@ def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> dict[int, str | None]
                 "driver upgraded without a reboot needs one)"
             ) from error
         nvml = {}
+        no_gpu = f"NVML cannot start ({error}) and the PCI bus under {sysfs_root} has no NVIDIA GPU"
     try:
         probed = probe_cuda(PROBE_TIMEOUT_S)
     except RuntimeError as error:
-        if nvml or backend == "cuda" or gpu != "all":
+        if nvml:
             raise CannotRun(
                 f"{len(nvml)} GPU(s) and no working CUDA backend ({error}); "
                 "install gpuwatchd's cuda extra (README, Install)"
+            ) from error
+        if backend == "cuda" or gpu != "all":
+            # No GPU is the cause; the CUDA backend's own complaint comes second.
+            raise CannotRun(
+                f"no GPU to check here: {no_gpu} (CUDA: {error}); `--backend cpu` checks "
+                "the host's cores"
             ) from error
         return {}
     if nvml and len(probed) != len(nvml):

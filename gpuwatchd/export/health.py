@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatchd.export.detail import measurement_subject, only_for, troubled
 from gpuwatchd.model import Health, Measurement, Quarantine, Severity
-from gpuwatchd.policy import NODE
+from gpuwatchd.policy import AUTO, NODE
 from gpuwatchd.snapshot import Snapshot
 
 # `unknown` is the node's alone (every source down): a subject's series are
@@ -30,6 +30,11 @@ from gpuwatchd.snapshot import Snapshot
 SUBJECT_STATES = tuple(health for health in Health if health is not Health.UNKNOWN)
 STATES = tuple(health.label for health in Health)
 STATE_CODES = ", ".join(f"{health.value} {health.label}" for health in Health)
+# A quarantine's `reason` label: an automatic one's reason is its finding's
+# fault code (a bounded set); an operator's is free text, a series for each
+# wording, so the label says only whose it is (the text is in the API,
+# `quarantine list` and the journal).
+OPERATOR_REASON = "operator"
 
 # Help of the gauges the checks derive; a measurement not listed here is
 # exported with a generic help text rather than dropped.
@@ -58,8 +63,9 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     dry = [q for q in snapshot.quarantines if q.dry_run]
     yield _quarantines(
         "gpuwatchd_quarantined",
-        "1 for each subject in quarantine, with why, whether policy (auto) or an operator "
-        "(manual) put it there, and the fault code of the finding that did.",
+        "1 for each subject in quarantine, with why (the finding's code, or operator for a "
+        "quarantine by hand: its words are in `gpuwatchd quarantine list`), whether policy "
+        "(auto) or an operator (manual) put it there, and the finding's fault code.",
         live,
     )
     yield _quarantines(
@@ -143,8 +149,9 @@ def _quarantines(
     labels = ("subject", "reason", "source", "fault_code")
     family = GaugeMetricFamily(name, documentation, labels=labels)
     for q in sorted(quarantines, key=lambda q: q.subject):
-        # Empty (absent to Prometheus) for a manual quarantine: no finding made it.
-        family.add_metric([q.subject, q.reason, q.source, q.fault_code or ""], 1.0)
+        reason = q.reason if q.source == AUTO else OPERATOR_REASON
+        # fault_code is empty (absent to Prometheus) for a manual quarantine: no finding made it.
+        family.add_metric([q.subject, reason, q.source, q.fault_code or ""], 1.0)
     return family
 
 

@@ -46,7 +46,12 @@ class PcieSourceConfig:
 
 
 class SourceUnavailable(RuntimeError):
-    """The source cannot run on this machine at all (no NVML library, say)."""
+    """The source cannot run on this machine at all (no NVML library, say).
+    `problem` is what is wrong; the message adds what to do with the daemon."""
+
+    def __init__(self, problem: str, hint: str = "") -> None:
+        super().__init__(f"{problem} {hint}".rstrip())
+        self.problem = problem
 
 
 class Source(Protocol):

@@ -1640,8 +1640,9 @@ class NvmlSource:
             if not gpus:
                 raise SourceUnavailable(
                     f"NVML could not be loaded ({down.error}): is the NVIDIA driver installed "
-                    "and loaded? To run without GPUs use `gpuwatchd run --simulate`, or leave "
-                    "NVML out with `--source infiniband`."
+                    "and loaded?",
+                    "To run without GPUs use `gpuwatchd run --simulate`, or leave NVML out "
+                    "with `--source infiniband`.",
                 ) from down
             self._unavailable = NvmlUnavailable(down.code, down.error, gpus)
             log.error(
