@@ -286,3 +286,18 @@ def test_canary_for_a_gpu_on_a_host_without_any_says_there_is_none_not_install_c
     )
     assert "install gpuwatchd's cuda extra" not in result.output
     assert "`--backend cpu` checks the host's cores" in result.output
+
+
+@no_nvml_here
+def test_canary_on_a_host_without_a_gpu_says_no_gpu_was_checked(tmp_path: Path) -> None:
+    # First-day review M2: "all 10 canaries passed" and nothing more, as if
+    # a GPU had been checked. The host's cores did pass, and that is said too.
+    root = tmp_path / "sys"
+    result = CliRunner().invoke(canary_command, ["--sysfs-root", str(root)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1].endswith("canaries passed")
+    assert all(line.split()[0] == "cpu" for line in result.stdout.splitlines()[:-1])
+    assert result.stderr.startswith(
+        "no GPU was checked, only the host's CPU cores: NVML cannot start (NVML Shared Library "
+        f"Not Found) and the PCI bus under {root} has no NVIDIA GPU (CUDA: "
+    )

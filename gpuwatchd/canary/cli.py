@@ -64,6 +64,8 @@ class CannotRun(click.ClickException):
 class Plan:
     requests: tuple[BurstRequest, ...]
     timeout: float
+    # Why no GPU is in the plan, on a host that has none; None where GPUs are.
+    no_gpu: str | None = None
 
 
 def _gpu_choice(value: str, available: Sequence[int]) -> list[int]:
@@ -107,12 +109,21 @@ def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> 
     return Plan(tuple(requests), config.timeout)
 
 
-def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> dict[int, str | None]:
-    """NVML index -> UUID of the GPUs the CUDA backend checks. A node whose
-    GPUs NVML sees and CUDA cannot use, or whose PCI bus has NVIDIA GPUs NVML
-    cannot see, is never passed silently."""
+@dataclass(frozen=True)
+class _Gpus:
+    """NVML index -> UUID of the GPUs the CUDA backend checks, and, where
+    there is none, why."""
+
+    uuids: dict[int, str | None]
+    none_because: str | None = None
+
+
+def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> _Gpus:
+    """The GPUs the CUDA backend checks. A node whose GPUs NVML sees and CUDA
+    cannot use, or whose PCI bus has NVIDIA GPUs NVML cannot see, is never
+    passed silently; a host with none says so."""
     if backend == "cpu":
-        return {}
+        return _Gpus({}, "--backend cpu")
     no_gpu = "NVML sees no GPU"
     try:
         nvml = dict(nvml_gpus())
@@ -140,14 +151,15 @@ def _cuda_gpus(backend: str, gpu: str, sysfs_root: str) -> dict[int, str | None]
                 f"no GPU to check here: {no_gpu} (CUDA: {error}); `--backend cpu` checks "
                 "the host's cores"
             ) from error
-        return {}
+        return _Gpus({}, f"{no_gpu} (CUDA: {error})")
     if nvml and len(probed) != len(nvml):
         raise CannotRun(f"NVML sees {len(nvml)} GPU(s), CUDA {len(probed)}")
-    return nvml or {g.index: None for g in probed}
+    return _Gpus(nvml or {g.index: None for g in probed})
 
 
 def _node_plan(gpu: str, backend: str, config: CanaryConfig, sysfs_root: str) -> Plan:
-    uuids = _cuda_gpus(backend, gpu, sysfs_root)
+    found = _cuda_gpus(backend, gpu, sysfs_root)
+    uuids = found.uuids
     requests = [
         BurstRequest(
             "cuda",
@@ -162,7 +174,7 @@ def _node_plan(gpu: str, backend: str, config: CanaryConfig, sysfs_root: str) ->
     if gpu == "all":
         cores = tuple(sorted(os.sched_getaffinity(0)))
         requests.append(BurstRequest("cpu", host_suite(config.seed), cpu_cores=cores))
-    return Plan(tuple(requests), config.timeout)
+    return Plan(tuple(requests), config.timeout, None if uuids else found.none_because)
 
 
 def _where(result: CanaryResult) -> str:
@@ -320,6 +332,9 @@ def canary(
         for result in changed:
             click.echo(describe(result))
         click.echo(_verdict(results))
+    if plan.no_gpu is not None:
+        # The host's cores passing says nothing of a GPU (review first-day-2, M2).
+        click.echo(f"no GPU was checked, only the host's CPU cores: {plan.no_gpu}", err=True)
     sys.exit(exit_status(results))
 
 
