@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from actions_support import REPO
 from click.testing import CliRunner
+from daemon_support import simulated_daemon
 
 from gpuwatchd import __version__, version
 from gpuwatchd.cli import main
@@ -76,6 +77,15 @@ def test_version_flag_names_the_version_and_the_build() -> None:
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0, result.output
     assert result.output == f"gpuwatchd {__version__} ({version.build()})\n"
+
+
+def test_the_metrics_name_the_build_for_a_fleet_to_track_its_rollout(tmp_path: Path) -> None:
+    with simulated_daemon("node: {gpus: 1, nvlinks: 0, hcas: 0}\n", tmp_path) as sim:
+        sim.daemon.step()
+        page, _ = sim.daemon.metrics.render("")
+    [line] = [row for row in page.decode().splitlines() if row.startswith("gpuwatchd_build_info")]
+    assert f'version="{__version__}"' in line
+    assert f'build="{version.build()}"' in line
 
 
 @needs_git
