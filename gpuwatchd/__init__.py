@@ -1,3 +1,3 @@
 """gpuwatchd: a per-node GPU cluster health agent."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

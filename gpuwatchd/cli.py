@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuwatchd import __version__, logs, unix_socket
 from gpuwatchd import capture as captures
+from gpuwatchd import logs, unix_socket, version
 from gpuwatchd.actions.client import (
     REQUEST_TIMEOUT_SECONDS,
     DaemonClient,
@@ -142,8 +142,23 @@ def _apply_overrides(
     return replace(config, daemon=daemon, sources=chosen)
 
 
+def _show_version(ctx: click.Context, _: click.Parameter, wanted: bool) -> None:
+    # A callback, not click.version_option: the build is found (BUILD file,
+    # or git in a checkout) only when asked for, never at import.
+    if wanted and not ctx.resilient_parsing:
+        click.echo(f"gpuwatchd {version.describe()}")
+        ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
-@click.version_option(__version__, prog_name="gpuwatchd")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the version and the build it is (package, git commit), and exit.",
+)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
@@ -255,7 +270,7 @@ def run(
         signal.signal(signal.SIGINT, stop)
         log.info(
             "gpuwatchd %s serving %s/metrics, sources: %s%s",
-            __version__,
+            version.describe(),
             server.url,
             ", ".join(config.enabled_sources()) or "none",
             f", simulating {simulate}" if simulate else "",

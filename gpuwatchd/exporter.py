@@ -30,7 +30,7 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import UNDERSCORES
 from prometheus_client.registry import Collector
 
-from gpuwatchd import __version__
+from gpuwatchd import __version__, version
 from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
 from gpuwatchd.encoding import encode
@@ -43,7 +43,9 @@ FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
 
 def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield InfoMetricFamily(
-        "gpuwatchd_build", "Version of gpuwatchd.", value={"version": __version__}
+        "gpuwatchd_build",
+        "Version of gpuwatchd, and the build it is (package, git commit), as --version says.",
+        value={"version": __version__, "build": version.build()},
     )
     up = GaugeMetricFamily(
         "gpuwatchd_source_up",

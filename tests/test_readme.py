@@ -66,7 +66,8 @@ SCENARIO = "node: {gpus: 8"
 DEMO_STACK = "./scripts/demo-stack"
 NOT_RUN = {
     "./scripts/test": "it is the suite this test is part of",
-    "python3 -m venv /opt/gpuwatchd": "installs as root into /opt, /etc and systemd",
+    "scripts/build-deb": "installs as root into /opt, /etc, systemd: scripts/check-packages",
+    "kubectl apply -k": "needs a cluster: tests/test_deploy_manifests.py renders the base",
     ".venv/bin/python bench/run.py": "a benchmark; tests/test_bench_run.py runs its --quick mode",
 }
 

@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "gpuwatchd.service"
-SHIPPED_EXEC = "/opt/gpuwatchd/bin/gpuwatchd"
+SHIPPED_EXEC = "/usr/bin/gpuwatchd"
 # systemd-analyze's scale: 0 is fully sandboxed, 10 not at all; 3.5 and less is "OK".
 MAX_EXPOSURE = 3.5
 
@@ -54,7 +54,7 @@ def _one(key: str, section: str = "Service") -> str:
     return values[0]
 
 
-def test_unit_runs_the_venv_install_with_the_system_config() -> None:
+def test_unit_runs_the_packaged_command_with_the_system_config() -> None:
     assert _one("ExecStart") == f"{SHIPPED_EXEC} run --config /etc/gpuwatchd/gpuwatchd.yaml"
     assert _one("StateDirectory") == "gpuwatchd"
     assert _one("WantedBy", "Install") == "multi-user.target"
