@@ -248,7 +248,12 @@ def run(
             daemon = build_daemon(config, clock, simulate, stack)
         except (SourceUnavailable, ScenarioError) as error:
             raise click.ClickException(str(error)) from error
-        except StoreError as error:  # only when another process holds it
+        except StoreError as error:  # another process holds it, or it is newer
+            if error.newer:
+                raise click.ClickException(
+                    f"{error}; this daemon does not start without it, as it would know none "
+                    "of its quarantines (CHANGELOG.md, Upgrade and rollback)"
+                ) from error
             raise click.ClickException(
                 f"the state database {error.path} is held by another process: another "
                 f"gpuwatchd runs with the state directory {config.daemon.state_dir} "

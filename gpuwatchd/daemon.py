@@ -100,11 +100,14 @@ def open_store(state_dir: str, now: float) -> tuple[Store, str | None]:
     SIGBUS to come from: gpuwatchd.store). Raises StoreError when another
     process holds it (another daemon on this state directory): two daemons
     deciding for one node, one of them forgetting, is worse than none
-    starting."""
+    starting; and when its schema is newer than this gpuwatchd's (a
+    rollback): run without it, every quarantine in it would be released
+    unseen, where a daemon that does not start is seen at once
+    (GpuwatchdDown, a stale slurm-healthcheck)."""
     try:
         return Store.open(state_dir, exclusive=True), None
     except StoreError as error:
-        if error.held:
+        if error.held or error.newer:
             raise
         if not error.damaged:
             log.error("%s; decisions will not survive a restart", error)

@@ -36,6 +36,7 @@ DB_NAME = "state.db"
 # only delay the message.
 LOCK_WAIT_SECONDS = 2.0
 _HELD = "held by another process"
+_NEWER = "is newer than this gpuwatchd knows"
 
 
 class StoreError(RuntimeError):
@@ -59,6 +60,11 @@ class StoreError(RuntimeError):
         """Another process holds the database (a running daemon keeps it
         locked while it runs)."""
         return self.problem.startswith(_HELD)
+
+    @property
+    def newer(self) -> bool:
+        """The file's schema is newer than this gpuwatchd's (a rollback)."""
+        return _NEWER in self.problem
 
 
 class Database:
@@ -177,8 +183,8 @@ class Database:
         if version > SCHEMA_VERSION:
             raise StoreError(
                 self.path,
-                f"schema version {version} is newer than this gpuwatchd knows "
-                f"({SCHEMA_VERSION}): run the newer gpuwatchd or restore an older copy",
+                f"schema version {version} {_NEWER} ({SCHEMA_VERSION}): run the newer "
+                "gpuwatchd or restore the copy taken before the upgrade",
             )
         with self.writing() as db:
             for number in range(version, SCHEMA_VERSION):
