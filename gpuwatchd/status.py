@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuwatchd.canary.confirm import OFFLINE_DIAGNOSTIC, Lead, Watch
 from gpuwatchd.canary.stats import CanaryStats
-from gpuwatchd.model import Finding, GpuSample, Health, PortSample
+from gpuwatchd.model import Finding, GpuSample, Health, PortSample, Severity
 from gpuwatchd.snapshot import Snapshot
 
 JsonDict = dict[str, Any]
@@ -56,16 +57,23 @@ def _port_json(port: PortSample, snapshot: Snapshot) -> JsonDict:
     }
 
 
-def _finding_json(finding: Finding) -> JsonDict:
+def finding_json(finding: Finding) -> JsonDict:
+    """Every field of a finding, as JSON (a severity by its label, an action
+    by its value): a field Finding gains is in the API, `report` and the DCGM
+    tier's output with it."""
     return {
-        "check": finding.check,
-        "code": finding.code,
-        "severity": finding.severity.label,
-        "message": finding.message,
-        "action": finding.action.value,
-        "evidence": dict(finding.evidence),
-        "definitive": finding.definitive,
+        field.name: _plain(getattr(finding, field.name)) for field in dataclasses.fields(Finding)
     }
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Severity):
+        return value.label
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
@@ -78,7 +86,7 @@ def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
             "subject": subject,
             "state": snapshot.health.get(subject, Health.HEALTHY).label,
             "since": snapshot.health_since.get(subject),
-            "findings": [_finding_json(f) for f in findings.get(subject, [])],
+            "findings": [finding_json(f) for f in findings.get(subject, [])],
         }
         for subject in subjects
     ]
