@@ -21,7 +21,6 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -39,8 +38,9 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
-from gpuwatchd.assemble import build_daemon, simulate
-from gpuwatchd.canary.cli import canary
+from gpuwatchd.assemble import build_daemon, simulated_node
+from gpuwatchd.canary.cli import DCGM_HOST, DcgmHost, canary
+from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -48,15 +48,18 @@ from gpuwatchd.config import (
     DEFAULT_STATE_DIR,
     LOG_LEVELS,
     SOURCE_NAMES,
+    STATE_DIR_ENV,
     Config,
     load_config,
     parse_listen,
     unix_socket_path,
 )
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.dcgm import DcgmRun
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
 from gpuwatchd.server import (
+    DCGM_RUNS,
     MAX_JOURNAL_ENTRIES,
     StatusServer,
     UnixStatusServer,
@@ -65,7 +68,6 @@ from gpuwatchd.server import (
     ensure_token_file,
 )
 from gpuwatchd.settings import SettingsError
-from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
@@ -76,8 +78,8 @@ log = logging.getLogger("gpuwatchd")
 
 T = TypeVar("T")
 
-# What a simulated daemon prints for the CLI in another terminal to find it.
-STATE_DIR_ENV = "GPUWATCHD_STATE_DIR"
+# What a simulated daemon prints for the CLI in another terminal to find it
+# (and STATE_DIR_ENV, config.py's).
 NODE_ENV = "GPUWATCHD_NODE"
 
 
@@ -140,6 +142,7 @@ def _apply_overrides(
 def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
     exports it to Prometheus and acts on quarantine decisions."""
+    ctx.meta[DCGM_HOST] = DcgmHost(load_config=_load, record=_record_dcgm)
     if ctx.invoked_subcommand is None:
         # Asked for nothing: the help is the answer, not a usage error.
         click.echo(ctx.get_help())
@@ -664,21 +667,26 @@ def capture(
     logs.setup(config.daemon.log_level, journal=False)
     clock = SystemClock()
     with ExitStack() as stack:
-        before_poll = None
-        if simulated is not None:
-            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-capture-"))
-            try:
-                config, node = simulate(config, clock, scenarios.load(simulated), Path(root))
-            except ScenarioError as error:
-                raise click.ClickException(str(error)) from error
-            stack.callback(node.uninstall)
-            before_poll = node.advance
+        config, before_poll = _node_to_read(stack, config, clock, simulated)
         document = captures.capture_node(config, clock, polls, before_poll)
     if anonymize:
         document = captures.anonymize(document)
     with click.open_file(out, "w", encoding="utf-8", atomic=out != "-") as stream:
         stream.write(captures.dumps(document))
     click.echo(f"captured {captures.summary(document)}", err=True)
+
+
+def _node_to_read(
+    stack: ExitStack, config: Config, clock: SystemClock, simulated: str | None
+) -> tuple[Config, Callable[[float], None] | None]:
+    """This node (`simulated` None), or the simulated node of that scenario
+    until `stack` closes: the config that reads it, and what moves it."""
+    if simulated is None:
+        return config, None
+    try:
+        return simulated_node(stack, config, clock, simulated)
+    except ScenarioError as error:
+        raise click.ClickException(str(error)) from error
 
 
 @dataclass(frozen=True)
@@ -1067,3 +1075,20 @@ def _no_answer(error: Exception) -> str:
 def _why(quarantines: list[dict[str, Any]], findings: list[str]) -> str:
     live = [f"{q['subject']} {q['reason']}" for q in quarantines if not q["dry_run"]]
     return "; ".join(live or findings) or "see `gpuwatchd status`"
+
+
+def _record_dcgm(config: Config, run: DcgmRun) -> str:
+    """Where `canary --dcgm` keeps a run: through the daemon, which holds the
+    state database while it runs, else in the database."""
+    target = _Target(
+        config, _client(config, None), False, config.token_file, config.daemon.state_dir
+    )
+
+    def remote() -> str:
+        answer = target.client.send("POST", DCGM_RUNS, to_wire(run), target.secret())
+        return f"recorded by the daemon at {target.client.url} (run {answer['id']})"
+
+    def local(offline: Offline) -> str:
+        return f"recorded in {offline.store.path} (run {offline.record_dcgm(run)})"
+
+    return _daemon_or_database(target, remote, local)

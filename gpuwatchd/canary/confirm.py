@@ -56,8 +56,9 @@ from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.model import Action, Finding, Severity
 
 CHECK = "sdc"
-# What the suspect of a lead without a sibling should get instead of a verdict.
-OFFLINE_DIAGNOSTIC = "dcgmi diag -r 3"
+# What the suspect of a lead without a sibling should get instead of a
+# verdict: DCGM's level 3 diagnostic, recorded for `gpuwatchd report`.
+OFFLINE_DIAGNOSTIC = "gpuwatchd canary --dcgm 3"
 
 # Target -> its peer group: the targets that compute every canary alike and
 # so can vouch for each other (canary/peers.py). A target missing from it
