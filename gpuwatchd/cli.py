@@ -1,5 +1,6 @@
 """The `gpuwatchd` command: run the daemon, show a node's status, check a
-config, quarantine and release by hand, and Slurm's health check."""
+config, quarantine and release by hand, Slurm's health check, and the
+evidence bundle for a vendor's ticket (report)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import click
 
 from gpuwatchd import __version__, logs, unix_socket
 from gpuwatchd import capture as captures
+from gpuwatchd import report as reports
 from gpuwatchd.actions.client import (
     REQUEST_TIMEOUT_SECONDS,
     DaemonClient,
@@ -58,6 +60,7 @@ from gpuwatchd.daemon import Daemon
 from gpuwatchd.dcgm import DcgmRun
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
+from gpuwatchd.redact import redactions
 from gpuwatchd.server import (
     DCGM_RUNS,
     MAX_JOURNAL_ENTRIES,
@@ -1075,6 +1078,74 @@ def _no_answer(error: Exception) -> str:
 def _why(quarantines: list[dict[str, Any]], findings: list[str]) -> str:
     live = [f"{q['subject']} {q['reason']}" for q in quarantines if not q["dry_run"]]
     return "; ".join(live or findings) or "see `gpuwatchd status`"
+
+
+@main.command()
+@click.argument("subject")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Write the archive here (default: gpuwatchd-report-<subject>-<time>.tar.gz in the "
+    "current directory).",
+)
+@click.option(
+    "--anonymize",
+    is_flag=True,
+    help="Replace GPU UUIDs, serial numbers and HCA node GUIDs with pseudonyms (tokens, "
+    "secrets and host names are left out of every bundle).",
+)
+@click.option(
+    "--simulate",
+    "simulated",
+    metavar="SCENARIO",
+    help="Capture a simulated node's answers (a scenario file or built-in name): a report "
+    "on a simulated daemon's state.",
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@_state_dir_option("State directory read when the local daemon is not running.")
+def report(
+    subject: str,
+    out: str | None,
+    anonymize: bool,
+    simulated: str | None,
+    config_path: str | None,
+    state_dir: str | None,
+) -> None:
+    """One archive for a vendor ticket about SUBJECT (gpu:N, gpu:<UUID> of a
+    board gone too, node, nvlink:N/L, ib:DEVICE/PORT): its journal, status,
+    identity, canary evidence and DCGM runs, and a capture of the node's
+    answers. From this node's daemon through its API while it runs, else
+    from its state database; tokens, secrets and host names are left out.
+    There is no --node: the capture and the identity are this node's."""
+    target = _target(None, config_path, None, state_dir)
+
+    def missing(database: str) -> reports.Held:
+        raise click.ClickException(
+            f"gpuwatchd is not running here and there is no {database}: nothing is recorded "
+            f"about {subject}"
+        )
+
+    try:
+        held = _daemon_or_database(
+            target,
+            lambda: reports.from_daemon(target.client, subject),
+            lambda offline: reports.from_database(offline, subject),
+            missing,
+            writes=False,
+        )
+    except ValueError as error:  # the daemon's answer names no such subject
+        raise click.ClickException(str(error)) from error
+    # What reading the node says at info (every NVML refusal) is the
+    # capture's to record, not the report's to print.
+    logs.setup("warning", journal=False)
+    clock = SystemClock()
+    with ExitStack() as stack:
+        config, before_poll = _node_to_read(stack, target.config, clock, simulated)
+        hidden = redactions(target.config, target.token_file)
+        bundle = reports.build(held, config, clock, hidden, anonymize, before_poll)
+    path = out or reports.default_path(bundle)
+    reports.write(bundle, path)
+    click.echo(f"wrote {path} ({reports.summary(bundle)})")
 
 
 def _record_dcgm(config: Config, run: DcgmRun) -> str:

@@ -139,6 +139,13 @@ def client_secret(path: str) -> str:
     return tokens[0].secret
 
 
+def token_secrets(path: str) -> tuple[str, ...]:
+    """Every secret of a token file, whatever its mode: what the CLI leaves
+    out of a bundle it writes (gpuwatchd report). OSError when unreadable."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return tuple(token.secret for token in _parse_tokens(handle.read(MAX_TOKEN_FILE_BYTES)))
+
+
 def ensure_token_file(path: str) -> bool:
     """Create the token file with one random secret when missing; True when created."""
     try:

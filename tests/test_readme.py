@@ -65,6 +65,10 @@ NOT_RUN = {
     "./scripts/test": "it is the suite this test is part of",
     "python3 -m venv /opt/gpuwatchd": "installs as root into /opt, /etc and systemd",
     "python bench/run.py": "a benchmark; tests/test_bench_run.py runs its --quick mode",
+    "# slurm.conf: Epilog=": "needs DCGM and Slurm; tests/test_dcgm.py runs `canary --dcgm` "
+    "against a fake dcgmi, for each exit status",
+    "# A maintenance window": "needs DCGM; tests/test_dcgm.py and tests/test_report.py run "
+    "`canary --dcgm` and `report` on a simulated node",
 }
 
 
