@@ -124,6 +124,19 @@ def simulate(
     return _expecting_the_scenario_node(config, scenario), node
 
 
+def simulated_node(
+    stack: ExitStack, config: Config, clock: Clock, name: str
+) -> tuple[Config, Callable[[float], None]]:
+    """The node of scenario `name` (a file or a built-in name) installed until
+    `stack` closes, the config that reads it, and what moves it before each
+    poll: for the CLI's one-off readers (capture, report, canary --dcgm).
+    ScenarioError for a scenario that does not load."""
+    root = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-sim-"))
+    config, node = simulate(config, clock, scenarios.load(name), Path(root))
+    stack.callback(node.uninstall)
+    return config, node.advance
+
+
 def _expecting_the_scenario_node(config: Config, scenario: scenarios.Scenario) -> Config:
     """The scenario's node shape is what its hardware should have (faults such
     as `gpu_missing` and `nvlink_inactive` take from it); unless configured,

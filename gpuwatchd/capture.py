@@ -357,6 +357,15 @@ def anonymize(document: Mapping[str, Any]) -> dict[str, Any]:
     """The capture with each GPU UUID (and serial, if read) and HCA node GUID
     replaced, wherever it appears, by a pseudonym made from its position
     (stable across captures)."""
+    replaced = _replace_strings(document, pseudonyms(document))
+    assert isinstance(replaced, dict)
+    replaced["anonymized"] = True
+    return replaced
+
+
+def pseudonyms(document: Mapping[str, Any]) -> dict[str, str]:
+    """What `anonymize` replaces: each GPU UUID, serial and HCA node GUID the
+    capture recorded -> its pseudonym."""
     pseudonyms: dict[str, str] = {}
     for gpu in gpu_documents(document):
         for call in gpu["calls"]:
@@ -375,10 +384,7 @@ def anonymize(document: Mapping[str, Any]) -> dict[str, Any]:
         text = document["infiniband"]["files"][path].get("text")
         if text:
             pseudonyms[text] = f"0000:0000:0000:{position:04x}"
-    replaced = _replace_strings(document, pseudonyms)
-    assert isinstance(replaced, dict)
-    replaced["anonymized"] = True
-    return replaced
+    return pseudonyms
 
 
 def _replace_strings(value: Any, pseudonyms: Mapping[str, str]) -> Any:

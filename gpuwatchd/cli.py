@@ -1,5 +1,6 @@
 """The `gpuwatchd` command: run the daemon, show a node's status, check a
-config, quarantine and release by hand, and Slurm's health check."""
+config, quarantine and release by hand, Slurm's health check, and the
+evidence bundle for a vendor's ticket (report)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ import click
 
 from gpuwatchd import capture as captures
 from gpuwatchd import logs, unix_socket, version
+from gpuwatchd import report as reports
 from gpuwatchd.actions.client import (
     REQUEST_TIMEOUT_SECONDS,
     DaemonClient,
@@ -40,8 +41,9 @@ from gpuwatchd.actions.client import (
 )
 from gpuwatchd.actions.manual import check_text, local_operator
 from gpuwatchd.actions.webhook import unreadable_files
-from gpuwatchd.assemble import build_daemon, simulate
-from gpuwatchd.canary.cli import canary
+from gpuwatchd.assemble import build_daemon, simulated_node
+from gpuwatchd.canary.cli import DCGM_HOST, DcgmHost, canary
+from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -49,15 +51,19 @@ from gpuwatchd.config import (
     DEFAULT_STATE_DIR,
     LOG_LEVELS,
     SOURCE_NAMES,
+    STATE_DIR_ENV,
     Config,
     load_config,
     parse_listen,
     unix_socket_path,
 )
 from gpuwatchd.daemon import Daemon
+from gpuwatchd.dcgm import DcgmRun
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
+from gpuwatchd.redact import redactions
 from gpuwatchd.server import (
+    DCGM_RUNS,
     MAX_JOURNAL_ENTRIES,
     StatusServer,
     UnixStatusServer,
@@ -66,7 +72,6 @@ from gpuwatchd.server import (
     ensure_token_file,
 )
 from gpuwatchd.settings import SettingsError
-from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
@@ -78,8 +83,8 @@ log = logging.getLogger("gpuwatchd")
 
 T = TypeVar("T")
 
-# What a simulated daemon prints for the CLI in another terminal to find it.
-STATE_DIR_ENV = "GPUWATCHD_STATE_DIR"
+# What a simulated daemon prints for the CLI in another terminal to find it
+# (and STATE_DIR_ENV, config.py's).
 NODE_ENV = "GPUWATCHD_NODE"
 
 
@@ -163,6 +168,7 @@ def _show_version(ctx: click.Context, _: click.Parameter, wanted: bool) -> None:
 def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
     exports it to Prometheus and acts on quarantine decisions."""
+    ctx.meta[DCGM_HOST] = DcgmHost(load_config=_load, record=_record_dcgm)
     if ctx.invoked_subcommand is None:
         # Asked for nothing: the help is the answer, not a usage error.
         click.echo(ctx.get_help())
@@ -744,15 +750,7 @@ def capture(
     logs.setup(config.daemon.log_level, journal=False)
     clock = SystemClock()
     with ExitStack() as stack:
-        before_poll = None
-        if simulated is not None:
-            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwatchd-capture-"))
-            try:
-                config, node = simulate(config, clock, scenarios.load(simulated), Path(root))
-            except ScenarioError as error:
-                raise click.ClickException(str(error)) from error
-            stack.callback(node.uninstall)
-            before_poll = node.advance
+        config, before_poll = _node_to_read(stack, config, clock, simulated)
         document = captures.capture_node(config, clock, polls, before_poll)
     if anonymize:
         document = captures.anonymize(document)
@@ -766,6 +764,19 @@ def capture(
             f"no GPU was captured: {missing} (a config with sources.nvml.enabled: false "
             "captures InfiniBand alone; --simulate SCENARIO, a simulated node)"
         )
+
+
+def _node_to_read(
+    stack: ExitStack, config: Config, clock: SystemClock, simulated: str | None
+) -> tuple[Config, Callable[[float], None] | None]:
+    """This node (`simulated` None), or the simulated node of that scenario
+    until `stack` closes: the config that reads it, and what moves it."""
+    if simulated is None:
+        return config, None
+    try:
+        return simulated_node(stack, config, clock, simulated)
+    except ScenarioError as error:
+        raise click.ClickException(str(error)) from error
 
 
 @dataclass(frozen=True)
@@ -1160,3 +1171,88 @@ def _no_answer(error: Exception) -> str:
 def _why(quarantines: list[dict[str, Any]], findings: list[str]) -> str:
     live = [f"{q['subject']} {q['reason']}" for q in quarantines if not q["dry_run"]]
     return "; ".join(live or findings) or "see `gpuwatchd status`"
+
+
+@main.command()
+@click.argument("subject")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Write the archive here (default: gpuwatchd-report-<subject>-<time>.tar.gz in the "
+    "current directory).",
+)
+@click.option(
+    "--anonymize",
+    is_flag=True,
+    help="Replace GPU UUIDs, serial numbers and HCA node GUIDs with pseudonyms (tokens, "
+    "secrets and host names are left out of every bundle).",
+)
+@click.option(
+    "--simulate",
+    "simulated",
+    metavar="SCENARIO",
+    help="Capture a simulated node's answers (a scenario file or built-in name): a report "
+    "on a simulated daemon's state.",
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@_state_dir_option("State directory read when the local daemon is not running.")
+def report(
+    subject: str,
+    out: str | None,
+    anonymize: bool,
+    simulated: str | None,
+    config_path: str | None,
+    state_dir: str | None,
+) -> None:
+    """One archive for a vendor ticket about SUBJECT (gpu:N, gpu:<UUID> of a
+    board gone too, node, nvlink:N/L, ib:DEVICE/PORT): its journal, status,
+    identity, canary evidence and DCGM runs, and a capture of the node's
+    answers. From this node's daemon through its API while it runs, else
+    from its state database; tokens, secrets and host names are left out.
+    There is no --node: the capture and the identity are this node's."""
+    target = _target(None, config_path, None, state_dir)
+
+    def missing(database: str) -> reports.Held:
+        raise click.ClickException(
+            f"gpuwatchd is not running here and there is no {database}: nothing is recorded "
+            f"about {subject}"
+        )
+
+    try:
+        held = _daemon_or_database(
+            target,
+            lambda: reports.from_daemon(target.client, subject),
+            lambda offline: reports.from_database(offline, subject),
+            missing,
+            writes=False,
+        )
+    except ValueError as error:  # the daemon's answer names no such subject
+        raise click.ClickException(str(error)) from error
+    # What reading the node says at info (every NVML refusal) is the
+    # capture's to record, not the report's to print.
+    logs.setup("warning", journal=False)
+    clock = SystemClock()
+    with ExitStack() as stack:
+        config, before_poll = _node_to_read(stack, target.config, clock, simulated)
+        hidden = redactions(target.config, target.token_file)
+        bundle = reports.build(held, config, clock, hidden, anonymize, before_poll)
+    path = out or reports.default_path(bundle)
+    reports.write(bundle, path)
+    click.echo(f"wrote {path} ({reports.summary(bundle)})")
+
+
+def _record_dcgm(config: Config, run: DcgmRun) -> str:
+    """Where `canary --dcgm` keeps a run: through the daemon, which holds the
+    state database while it runs, else in the database."""
+    target = _Target(
+        config, _client(config, None), False, config.token_file, config.daemon.state_dir
+    )
+
+    def remote() -> str:
+        answer = target.client.send("POST", DCGM_RUNS, to_wire(run), target.secret())
+        return f"recorded by the daemon at {target.client.url} (run {answer['id']})"
+
+    def local(offline: Offline) -> str:
+        return f"recorded in {offline.store.path} (run {offline.record_dcgm(run)})"
+
+    return _daemon_or_database(target, remote, local)

@@ -27,6 +27,9 @@ DEFAULT_CONFIG_PATH = "/etc/gpuwatchd/gpuwatchd.yaml"
 DEFAULT_LISTEN = "127.0.0.1:9477"
 DEFAULT_STATE_DIR = "/var/lib/gpuwatchd"
 API_TOKEN_NAME = "api-token"
+# The state directory of the CLI's commands when --state-dir is not given
+# (a simulated daemon prints it for the CLI in another terminal).
+STATE_DIR_ENV = "GPUWATCHD_STATE_DIR"
 # `api.listen: unix:/run/gpuwatchd/api.sock`: the control API on a Unix socket.
 UNIX_PREFIX = "unix:"
 # A listener's connections at most: beyond, its threads alone would take

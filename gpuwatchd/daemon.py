@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -31,6 +32,8 @@ from gpuwatchd.checks.infiniband import learned_ports
 from gpuwatchd.checks.registry import CheckInputs, ChecksRun, run_all
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config, parse_listen
+from gpuwatchd.dcgm import DcgmRun, record_run
+from gpuwatchd.evidence import board_evidence
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.history import History
 from gpuwatchd.identity import Roster, absent_finding, placed, reconcile, stamp
@@ -503,6 +506,14 @@ class Daemon:
         self, since: float | None, subject: str | None, limit: int, until: float | None = None
     ) -> tuple[JournalEntry, ...]:
         return self.store.journal.entries(since=since, subject=subject, limit=limit, until=until)
+
+    def evidence(self, board: str) -> dict[str, Any]:
+        return board_evidence(self.store, board)
+
+    def record_dcgm(self, run: DcgmRun) -> int:
+        """A DCGM run `canary --dcgm` made while the daemon holds the
+        database; the daemon itself never runs one (it takes the GPU)."""
+        return record_run(self.store, run)
 
     def refused(self, message: str) -> None:
         """A refused write: counted on /metrics, and logged and journaled up to

@@ -168,6 +168,10 @@ class GpuSample:
     uuid: str | None = None
     name: str | None = None
     pci_bus_id: str | None = None
+    # The board as its InfoROM names it (nvmlDeviceGetSerial,
+    # nvmlDeviceGetBoardPartNumber): what a vendor's RMA form asks for.
+    serial: str | None = None
+    board_part_number: str | None = None
     temperature_gpu_celsius: float | None = None
     temperature_memory_celsius: float | None = None
     temperature_slowdown_celsius: float | None = None

@@ -55,6 +55,7 @@ from gpuwatchd.actions.manual import (
 )
 from gpuwatchd.config import UNIX_PREFIX, ApiConfig
 from gpuwatchd.connections import Connection, Connections
+from gpuwatchd.dcgm import DcgmRun, run_of
 from gpuwatchd.exporter import MetricsPage
 from gpuwatchd.model import Decision, Quarantine
 from gpuwatchd.snapshot import Snapshot
@@ -66,6 +67,9 @@ from gpuwatchd.units import parse_moment
 log = logging.getLogger(__name__)
 
 QUARANTINES = "/api/v1/quarantines"
+# A board's records for `gpuwatchd report`, and where `canary --dcgm` records its runs.
+EVIDENCE = "/api/v1/evidence"
+DCGM_RUNS = "/api/v1/dcgm-runs"
 JOURNAL_DAYS_DEFAULT = 1.0
 MAX_JOURNAL_ENTRIES = 10000
 MAX_OPERATOR_CHARS = 64
@@ -135,6 +139,13 @@ def client_secret(path: str) -> str:
     return tokens[0].secret
 
 
+def token_secrets(path: str) -> tuple[str, ...]:
+    """Every secret of a token file, whatever its mode: what the CLI leaves
+    out of a bundle it writes (gpuwatchd report). OSError when unreadable."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return tuple(token.secret for token in _parse_tokens(handle.read(MAX_TOKEN_FILE_BYTES)))
+
+
 def ensure_token_file(path: str) -> bool:
     """Create the token file with one random secret when missing; True when created."""
     try:
@@ -169,6 +180,14 @@ class Control(Protocol):
 
     def refused(self, message: str) -> None:
         """Journal a refused write."""
+        ...
+
+    def evidence(self, board: str) -> dict[str, Any]:
+        """The state database's records of a board (evidence.py)."""
+        ...
+
+    def record_dcgm(self, run: DcgmRun) -> int:
+        """Keep a DCGM run `canary --dcgm` made; its id."""
         ...
 
 
@@ -225,6 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return "GET, HEAD, POST"
             if self._path.startswith(QUARANTINES + "/"):
                 return "DELETE"
+            if self._path == DCGM_RUNS:
+                return "POST"
         return "GET, HEAD"
 
     def version_string(self) -> str:
@@ -275,6 +296,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(lambda: (200, {"quarantines": _quarantines_json(control)}))
         elif path == "/api/v1/journal" and control is not None:
             self._answer(lambda: self._journal(control))
+        elif path.startswith(EVIDENCE + "/") and control is not None:
+            board = unquote(path[len(EVIDENCE) + 1 :])
+            self._answer(lambda: (200, control.evidence(board)))
         elif path == "/":
             links = b'<a href="/metrics">/metrics</a> <a href="/api/v1/status">/api/v1/status</a>'
             self._send(200, b"<html><body>gpuwatchd " + links + b"</body></html>", "text/html")
@@ -285,10 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         control = self.server.control
-        if self._path != QUARANTINES or control is None:
+        if self._path == DCGM_RUNS and control is not None:
+            self._answer(lambda: self._dcgm_run(control), write=True)
+        elif self._path == QUARANTINES and control is not None:
+            self._answer(lambda: self._quarantine(control), write=True)
+        else:
             self.send_json(404, {"error": f"no such path: {self._path}"})
-            return
-        self._answer(lambda: self._quarantine(control), write=True)
 
     def do_DELETE(self) -> None:
         control = self.server.control
@@ -359,6 +385,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, str(error)) from error
 
     def _body(self, required: bool) -> dict[str, Any]:
+        """A quarantine's or release's body: only the fields such a write has."""
+        document = self._json_body(required)
+        unknown = sorted(set(document) - WRITE_FIELDS)
+        if unknown:
+            fields = ", ".join(shown(name, 40) for name in unknown[:5])
+            raise ApiError(400, f"unknown field(s): {fields} (known: operator, reason, subject)")
+        return document
+
+    def _json_body(self, required: bool) -> dict[str, Any]:
         length_header = self.headers.get("Content-Length")
         if length_header is None:
             if required:
@@ -383,10 +418,6 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "the body is JSON nested too deeply") from error
         if not isinstance(document, dict):
             raise ApiError(400, "the body must be a JSON object")
-        unknown = sorted(set(document) - WRITE_FIELDS)
-        if unknown:
-            fields = ", ".join(shown(name, 40) for name in unknown[:5])
-            raise ApiError(400, f"unknown field(s): {fields} (known: operator, reason, subject)")
         return document
 
     def _subject(self, text: object, control: Control) -> str:
@@ -430,6 +461,13 @@ class _Handler(BaseHTTPRequestHandler):
         if decision is None:
             raise ApiError(404, f"{subject} is not quarantined")
         return 200, {"decision": dataclasses.asdict(decision)}
+
+    def _dcgm_run(self, control: Control) -> tuple[int, object]:
+        try:
+            run = run_of(self._json_body(required=True))
+        except ValueError as error:
+            raise ApiError(400, f"not a DCGM run: {shown(str(error), 200)}") from error
+        return 201, {"id": control.record_dcgm(run)}
 
     def _journal(self, control: Control) -> tuple[int, object]:
         query = {name: values[-1] for name, values in parse_qs(urlsplit(self.path).query).items()}

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuwatchd.canary.confirm import OFFLINE_DIAGNOSTIC, Lead, Watch
 from gpuwatchd.canary.stats import CanaryStats
-from gpuwatchd.model import Finding, GpuSample, Health, PortSample, Quarantine
+from gpuwatchd.model import Finding, GpuSample, Health, PortSample, Quarantine, Severity
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.terminal import Paint, plain
 
@@ -57,22 +58,33 @@ def _port_json(port: PortSample, snapshot: Snapshot) -> JsonDict:
     }
 
 
-def _finding_json(finding: Finding) -> JsonDict:
+def finding_json(finding: Finding) -> JsonDict:
+    """Every field of a finding and its fault code, as JSON (a severity by its
+    label, an action by its value): a field Finding gains is in the API,
+    `report` and the DCGM tier's output with it."""
     return {
-        "check": finding.check,
-        "code": finding.code,
+        **{
+            field.name: _plain(getattr(finding, field.name))
+            for field in dataclasses.fields(Finding)
+        },
+        # Derived from the code, not a field.
         "fault_code": finding.fault_code,
-        "severity": finding.severity.label,
-        "message": finding.message,
-        "action": finding.action.value,
-        "evidence": dict(finding.evidence),
-        "definitive": finding.definitive,
     }
 
 
 def quarantine_json(quarantine: Quarantine) -> JsonDict:
     """A quarantine as the API shows it: its fields and its fault code."""
     return {**dataclasses.asdict(quarantine), "fault_code": quarantine.fault_code}
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Severity):
+        return value.label
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
@@ -85,7 +97,7 @@ def _subjects_json(snapshot: Snapshot) -> list[JsonDict]:
             "subject": subject,
             "state": snapshot.health.get(subject, Health.HEALTHY).label,
             "since": snapshot.health_since.get(subject),
-            "findings": [_finding_json(f) for f in findings.get(subject, [])],
+            "findings": [finding_json(f) for f in findings.get(subject, [])],
         }
         for subject in subjects
     ]

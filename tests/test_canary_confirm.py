@@ -204,7 +204,7 @@ def test_a_single_gpu_node_never_confirms_and_asks_for_an_offline_diagnostic() -
         state = answer(state, reruns, {"gpu:0": "mismatch"}, now + 1, alone)
         [finding] = findings(state, now + 1)
         assert (finding.code, finding.definitive) == ("sdc_suspected", False)
-        assert finding.evidence["offline_diagnostic"] == "dcgmi diag -r 3"
+        assert finding.evidence["offline_diagnostic"] == "gpuwatchd canary --dcgm 3"
         assert "offline diagnostic" in finding.message
 
 

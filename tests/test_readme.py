@@ -69,6 +69,10 @@ NOT_RUN = {
     "scripts/build-deb": "installs as root into /opt, /etc, systemd: scripts/check-packages",
     "kubectl apply -k": "needs a cluster: tests/test_deploy_manifests.py renders the base",
     ".venv/bin/python bench/run.py": "a benchmark; tests/test_bench_run.py runs its --quick mode",
+    "# slurm.conf: Epilog=": "needs DCGM and Slurm; tests/test_dcgm.py runs `canary --dcgm` "
+    "against a fake dcgmi, for each exit status",
+    "# A maintenance window": "needs DCGM; tests/test_dcgm.py and tests/test_report.py run "
+    "`canary --dcgm` and `report` on a simulated node",
 }
 
 

@@ -115,10 +115,10 @@ def test_status_names_a_watched_gpu_and_the_offline_diagnostic_it_needs(tmp_path
         canary = _poll_until_canary(sim, "watch")
         now = sim.clock.now()
     watch = canary["watch"]
-    assert watch["offline_diagnostic"] == "dcgmi diag -r 3" and watch["until"] > now
+    assert watch["offline_diagnostic"] == "gpuwatchd canary --dcgm 3" and watch["until"] > now
     assert watch["canary"] in canary["not_passing"]
     [line] = [x for x in canary["table"].splitlines() if x.startswith("  gpu:0: watched until ")]
-    assert line.endswith("; run dcgmi diag -r 3")
+    assert line.endswith("; run gpuwatchd canary --dcgm 3")
 
 
 def test_status_lists_the_canaries_among_the_sources(tmp_path: Path) -> None:

@@ -140,7 +140,12 @@ def test_the_journal_is_queryable_by_time_and_subject(store: Store) -> None:
         ("quarantine", "row_remap_failure"),
         ("finding_cleared", "row_remap_failure"),
     ]
-    assert gpu3[0].data == {"action": "none", "definitive": True, "evidence": {}}
+    assert gpu3[0].data == {
+        "action": "none",
+        "definitive": True,
+        "immediate": False,
+        "evidence": {},
+    }
     assert [e.kind for e in store.journal.entries(since=T0 + 15)] == [
         "quarantine",
         "health_changed",

@@ -27,6 +27,8 @@ from typing import Any
 from gpuwatchd.actions.dispatch import manual_events, node_name
 from gpuwatchd.actions.manual import check_on_node, node_subjects, resolve_subject
 from gpuwatchd.config import Config, unix_socket_path
+from gpuwatchd.dcgm import DcgmRun, record_run
+from gpuwatchd.evidence import board_evidence
 from gpuwatchd.identity import Roster
 from gpuwatchd.model import Board, Decision, Quarantine
 from gpuwatchd.policy import NODE
@@ -225,6 +227,12 @@ class Offline:
         node = state.subject(NODE)
         health = node.health.label if node is not None else "healthy"
         return SavedVerdict(health, state.quarantines, self.store.last_poll())
+
+    def evidence(self, board: str) -> dict[str, Any]:
+        return board_evidence(self.store, board)
+
+    def record_dcgm(self, run: DcgmRun) -> int:
+        return record_run(self.store, run)
 
     def _events(self, operator: str) -> EventsOf:
         names = [webhook.name for webhook in self.config.actions.webhooks]

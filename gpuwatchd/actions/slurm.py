@@ -21,12 +21,8 @@ finding code `slurm_<show|drain|resume|comment>_failed`.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
-import signal
 import socket
-import subprocess
 from dataclasses import dataclass
 
 from gpuwatchd.actions.scheduler import (
@@ -38,6 +34,7 @@ from gpuwatchd.actions.scheduler import (
     Want,
     want_of,
 )
+from gpuwatchd.process import TimedOut, run_bounded
 from gpuwatchd.snapshot import Snapshot
 
 OURS = "gpuwatchd:"
@@ -162,29 +159,17 @@ class Slurm:
         return shlex.join([self.config.scontrol, *args])
 
     def _run(self, args: list[str], code: str) -> str:
-        command = [self.config.scontrol, *args]
         try:
-            # Its own process group, so that a timeout ends what a wrapper
-            # script started too, not only the script.
-            process = subprocess.Popen(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
+            finished = run_bounded([self.config.scontrol, *args], self.config.timeout)
         except OSError as error:
             raise ActionFailed(code, f"cannot run {self.config.scontrol}: {error}") from error
-        try:
-            stdout, stderr = process.communicate(timeout=self.config.timeout)
-        except subprocess.TimeoutExpired as error:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+        except TimedOut as error:
             raise ActionFailed(
                 code, f"{self._command(args)} timed out after {self.config.timeout:g}s"
             ) from error
-        if process.returncode != 0:
-            why = (stderr or stdout).strip() or f"exit status {process.returncode}"
+        if finished.returncode != 0:
+            why = (finished.stderr or finished.stdout).strip() or (
+                f"exit status {finished.returncode}"
+            )
             raise ActionFailed(code, f"{self._command(args)} failed: {why}")
-        return stdout
+        return finished.stdout

@@ -11,6 +11,12 @@ scenario, a canary that crashed or hung), 0 when everything passed.
 in for each of its GPUs, and its `sdc` faults (all of them, whatever their
 `at`) corrupt the GPUs they name.
 
+`--dcgm LEVEL` is the offline tier instead: DCGM's diagnostic on the chosen
+GPUs (gpuwatchd/dcgm/), exit 1 when a test failed and 2 when it could not
+run. Through `gpuwatchd`, which gives it its config and a way to the daemon
+or the state database (`DcgmHost`, in click's context), the run is recorded
+for `gpuwatchd report`.
+
 A standalone click command: `python -m gpuwatchd.canary.cli`, or a
 subcommand of `gpuwatchd` through `main.add_command(canary)`.
 """
@@ -23,13 +29,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import IO
 
 import click
 
+from gpuwatchd import dcgm
+from gpuwatchd.assemble import simulated_node
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import sdc_faults
@@ -39,10 +48,17 @@ from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
+from gpuwatchd.config import STATE_DIR_ENV, Config, load_config
+from gpuwatchd.dcgm import DcgmRun
+from gpuwatchd.evidence import BoardIdentity
+from gpuwatchd.inventory import Inventory, read_inventory
+from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.gpu import spec_for
+from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.sources import PcieSourceConfig
 from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
+from gpuwatchd.status import finding_json
 from gpuwatchd.units import parse_duration
 
 EXIT_PASS = 0
@@ -58,6 +74,20 @@ LONG_TIMEOUT_S = 600.0
 
 class CannotRun(click.ClickException):
     exit_code = EXIT_CANNOT_RUN
+
+
+# Where `gpuwatchd` leaves its DcgmHost in click's context meta.
+DCGM_HOST = "gpuwatchd.canary.dcgm_host"
+
+
+@dataclass(frozen=True)
+class DcgmHost:
+    """What the `gpuwatchd` command gives `canary --dcgm`: its config (the
+    file given, else the system's), and how a run is recorded (through the
+    daemon, else in the state database), with a line saying where."""
+
+    load_config: Callable[[str | None], Config]
+    record: Callable[[Config, DcgmRun], str]
 
 
 @dataclass(frozen=True)
@@ -297,6 +327,29 @@ def exit_status(results: Sequence[CanaryResult]) -> int:
     "stops at the first wrong answer.",
 )
 @click.option(
+    "--dcgm",
+    "dcgm_level",
+    type=click.IntRange(1, 4),
+    metavar="LEVEL",
+    help="Instead of the canaries: DCGM's diagnostic (dcgmi diag -r LEVEL, 1-4) on the chosen "
+    "GPUs, recorded for `gpuwatchd report`. It takes the GPUs: a Slurm epilog or a "
+    "maintenance window, not beside a job.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="With --dcgm: the config (canary.dcgm, and the daemon and state directory the run "
+    "is recorded through).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    envvar=STATE_DIR_ENV,
+    show_envvar=True,
+    help="With --dcgm: the state directory the run is recorded in when the daemon is not running.",
+)
+@click.option(
     "--sysfs-root",
     default=PcieSourceConfig().sysfs_root,
     show_default=True,
@@ -309,9 +362,17 @@ def canary(
     simulate: str | None,
     as_json: bool,
     burn: str | None,
+    dcgm_level: int | None,
+    config_path: str | None,
+    state_dir: str | None,
     sysfs_root: str,
 ) -> None:
-    """Run the known-answer canary suite once and report every result."""
+    """Run the known-answer canary suite once and report every result (or,
+    with --dcgm, DCGM's diagnostic)."""
+    if dcgm_level is not None:
+        if burn is not None:
+            raise CannotRun("--dcgm and --long are two offline tiers: run one at a time")
+        sys.exit(_dcgm(dcgm_level, gpu, simulate, as_json, config_path, state_dir))
     config = CanaryConfig()
     if simulate is not None:
         plan = _simulated_plan(gpu, backend, simulate, config)
@@ -346,6 +407,68 @@ def _verdict(results: Sequence[CanaryResult]) -> str:
     return f"of {len(results)} canaries, " + ", ".join(
         f"{n} {said[o]}" for o, n in counts.items() if n
     )
+
+
+def _dcgm(
+    level: int,
+    gpu: str,
+    simulate: str | None,
+    as_json: bool,
+    config_path: str | None,
+    state_dir: str | None,
+) -> int:
+    """Run DCGM's diagnostic, say what it found, record it; the exit status."""
+    host: DcgmHost | None = click.get_current_context().meta.get(DCGM_HOST)
+    try:
+        config = host.load_config(config_path) if host is not None else load_config(config_path)
+    except SettingsError as error:
+        raise CannotRun(str(error)) from error
+    if state_dir is not None:
+        config = replace(config, daemon=replace(config.daemon, state_dir=state_dir))
+    clock = SystemClock()
+    with ExitStack() as stack:
+        nvml = config.sources.nvml
+        if simulate is not None:
+            try:
+                nvml = simulated_node(stack, config, clock, simulate)[0].sources.nvml
+            except ScenarioError as error:
+                raise CannotRun(str(error)) from error
+        boards = _dcgm_boards(gpu, read_inventory(clock, nvml))
+        run = dcgm.run_diagnostic(config.canary.dcgm, level, boards)
+    found = dcgm.findings(run)
+    if as_json:
+        document = {"run": to_wire(run), "findings": [finding_json(f) for f in found]}
+        click.echo(json.dumps(document, indent=1, sort_keys=True))
+    else:
+        for line in dcgm.describe(run):
+            click.echo(line)
+    _record(host, config, run)
+    return run.exit_code
+
+
+def _dcgm_boards(gpu: str, inventory: Inventory) -> list[BoardIdentity]:
+    if inventory.unavailable is not None:
+        raise CannotRun(
+            f"NVML shows no GPU ({inventory.unavailable}); DCGM's diagnostic runs on "
+            "NVML's GPUs, and a finding needs the board's UUID"
+        )
+    indices = _gpu_choice(gpu, [board.index for board in inventory.boards])
+    return [board for board in inventory.boards if board.index in indices]
+
+
+def _record(host: DcgmHost | None, config: Config, run: DcgmRun) -> None:
+    """Record the run for `gpuwatchd report`; a run that never started (no
+    dcgmi) says nothing of the boards and is not kept. Not being kept does
+    not change the verdict: that is said on stderr."""
+    if not run.started:
+        return
+    if host is None:
+        click.echo("not recorded: run it as `gpuwatchd canary --dcgm` to record it", err=True)
+        return
+    try:
+        click.echo(host.record(config, run), err=True)
+    except click.ClickException as error:
+        click.echo(f"warning: the DCGM run was not recorded: {error.message}", err=True)
 
 
 if __name__ == "__main__":

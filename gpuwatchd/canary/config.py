@@ -3,7 +3,7 @@ confirmed. Loaded under `canary:` in the daemon's YAML config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from gpuwatchd.settings import Seconds
@@ -13,6 +13,38 @@ MIB = 1024 * 1024
 MAX_GPU_BYTES = 1 << 40
 # Seeds are 64-bit, as a scenario's are: numpy's generators take no negative seed.
 MAX_SEED = 2**64 - 1
+
+
+# DCGM's diagnostic levels (`dcgmi diag -r 1..4`).
+DCGM_LEVELS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class DcgmConfig:
+    """The offline tier, `gpuwatchd canary --dcgm LEVEL` (never the daemon)."""
+
+    # The dcgmi to run: a name looked up on PATH, or a path.
+    dcgmi: str = "dcgmi"
+    # Hard limits on `dcgmi diag -r N`, past which it is killed and the run
+    # could not run. dcgmi's help gives level 1 "~ seconds", 2 "~ 2 minutes",
+    # 3 "~ 15 minutes" and 4 "longer-running" (DCGM 4.6,
+    # dcgmi/CommandLineParser.cpp). Each limit is several times that, for a
+    # node of eight GPUs; level 4's length is not given there, its 4 h assumed.
+    level_1_timeout: Seconds = 300.0
+    level_2_timeout: Seconds = 900.0
+    level_3_timeout: Seconds = 3600.0
+    level_4_timeout: Seconds = 4 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.dcgmi.strip():
+            raise ValueError("dcgmi must name a program (dcgmi, or a path)")
+        for level in DCGM_LEVELS:
+            if self.timeout(level) <= 0:
+                raise ValueError(f"level_{level}_timeout must be more than 0s")
+
+    def timeout(self, level: int) -> float:
+        seconds: float = getattr(self, f"level_{level}_timeout")
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -83,6 +115,7 @@ class CanaryConfig:
     # node's in the same second under NTP), so a job spanning many nodes stalls once per interval,
     # not once per node (docs/sdc.md, "Cost"). 0 turns the alignment off.
     aligned_window: Seconds = 30.0
+    dcgm: DcgmConfig = field(default_factory=DcgmConfig)
 
     def __post_init__(self) -> None:
         for name in (

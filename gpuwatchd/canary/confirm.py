@@ -56,8 +56,9 @@ from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.model import Action, Finding, Severity
 
 CHECK = "sdc"
-# What the suspect of a lead without a sibling should get instead of a verdict.
-OFFLINE_DIAGNOSTIC = "dcgmi diag -r 3"
+# What the suspect of a lead without a sibling should get instead of a
+# verdict: DCGM's level 3 diagnostic, recorded for `gpuwatchd report`.
+OFFLINE_DIAGNOSTIC = "gpuwatchd canary --dcgm 3"
 
 # Target -> its peer group: the targets that compute every canary alike and
 # so can vouch for each other (canary/peers.py). A target missing from it
@@ -103,6 +104,20 @@ class Mismatch:
     # When the burst that showed it came in (its lead's start). Rows kept
     # before this was recorded have none: their `time` stands in.
     burst_time: float | None = None
+    # The evidence a vendor's ticket cites (`gpuwatchd report`): the wrong
+    # answer (the first wrong element's expected and actual bits, the SMs
+    # and lanes of the threads that computed wrong), what the re-run on the
+    # suspect and the sibling's run of the same inputs gave (None: none came
+    # back), and which board the sibling is. Rows kept before these were
+    # recorded have none.
+    first_expected_bits: str | None = None
+    first_actual_bits: str | None = None
+    mismatch_units: tuple[int, ...] = ()
+    mismatch_lanes: tuple[int, ...] = ()
+    rerun: Outcome | None = None
+    sibling: str | None = None
+    sibling_uuid: str | None = None
+    sibling_result: Outcome | None = None
 
     @property
     def burst(self) -> float:
@@ -374,6 +389,14 @@ def _judge(state: ConfirmState, lead: Lead, now: float, config: CanaryConfig) ->
             reproduced=mine == "mismatch",
             uuid=evidence.uuid,
             burst_time=lead.since,
+            first_expected_bits=evidence.first_expected_bits,
+            first_actual_bits=evidence.first_actual_bits,
+            mismatch_units=evidence.mismatch_units,
+            mismatch_lanes=evidence.mismatch_lanes,
+            rerun=mine,
+            sibling=lead.sibling,
+            sibling_uuid=next((r.uuid for r in lead.sibling_results or () if r.uuid), None),
+            sibling_result=theirs,
         )
         entries.append(entry)
         if entry.reproduced and entry.sibling_clear:

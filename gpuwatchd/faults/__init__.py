@@ -22,7 +22,7 @@ from types import MappingProxyType
 from gpuwatchd.faults.code import ID_PATTERN, Block, FaultCode
 from gpuwatchd.faults.gpu import MEMORY, THERMAL_AND_CLOCKS, XIDS
 from gpuwatchd.faults.interconnect import INFINIBAND, NVLINK_AND_FABRIC, PCIE_AND_AER
-from gpuwatchd.faults.node import CANARIES, NODE_AND_DAEMON, PRESENCE_AND_DRIVER
+from gpuwatchd.faults.node import CANARIES, DCGM, NODE_AND_DAEMON, PRESENCE_AND_DRIVER
 
 __all__ = ["BLOCKS", "CATALOG", "ENTRIES", "ID_PATTERN", "Block", "FaultCode", "fault_code"]
 
@@ -34,12 +34,7 @@ BLOCKS = (
     Block(14, "InfiniBand"),
     Block(15, "PCIe and AER"),
     Block(16, "Canaries: silent data corruption"),
-    Block(
-        17,
-        "DCGM diagnostics",
-        reserved="for the failed tests of DCGM's diagnostic (`dcgmi diag`), the offline "
-        "tier: each gets its code when that path lands",
-    ),
+    Block(17, "DCGM diagnostics: the offline tier"),
     Block(18, "GPU presence, the driver and NVML"),
     Block(19, "The node, the daemon and its actions"),
 )
@@ -52,6 +47,7 @@ ENTRIES: tuple[FaultCode, ...] = (
     *INFINIBAND,
     *PCIE_AND_AER,
     *CANARIES,
+    *DCGM,
     *PRESENCE_AND_DRIVER,
     *NODE_AND_DAEMON,
 )

@@ -1,16 +1,17 @@
-"""Fault codes of the canaries (block 16), of the GPU's presence, the driver
-and NVML (block 18), and of the node, the daemon and its actions (block 19)."""
+"""Fault codes of the canaries (block 16), of DCGM's diagnostic (block 17), of
+the GPU's presence, the driver and NVML (block 18), and of the node, the
+daemon and its actions (block 19)."""
 
 from __future__ import annotations
 
 from gpuwatchd.faults.code import FaultCode
-from gpuwatchd.faults.sources import XID_CATALOG
+from gpuwatchd.faults.sources import DCGM_DIAGNOSTICS, XID_CATALOG
 
 CANARY_EVIDENCE = (
     "evidence `canary`, `seed`, `mismatch_count`, `mismatched_bits`, the first mismatch's "
     "`first_expected_bits` and `first_actual_bits`, `sms` and `lanes` where the backend gives them"
 )
-OFFLINE_DIAGNOSTIC = "`dcgmi diag -r 3` on the GPU"
+OFFLINE_DIAGNOSTIC = "`gpuwatchd canary --dcgm 3` (DCGM's `dcgmi diag -r 3`) on the GPU"
 
 CANARIES = (
     FaultCode(
@@ -57,6 +58,37 @@ CANARIES = (
         "problem, not a GPU fault. Nothing is quarantined. A warning on the node.",
         f"The results of every device; {CANARY_EVIDENCE}, `devices`.",
         "Check the node's CUDA, driver and library versions against the canaries' references.",
+    ),
+)
+
+DCGM = (
+    FaultCode(
+        "GW-1701",
+        "dcgm",
+        "dcgm_diag_failed",
+        "DCGM's diagnostic (`gpuwatchd canary --dcgm LEVEL`, run by an operator or a Slurm "
+        "epilog, never by the daemon) failed a test on the GPU: a result or a test summary "
+        "with status Fail, whatever dcgmi's exit status. On the node when the failure names "
+        "no board of this node. Critical; not definitive: nothing is quarantined on it, the "
+        "operator decides.",
+        "The run (`level`, `run_time`, `dcgm_version`), the failed `tests`, "
+        "`dcgm_error_ids`, the board's `uuid`, `serial`, `dcgm_gpu_id` and `matched_by` "
+        "(how DCGM's GPU id was matched to the board); the whole dcgmi output is in the run's "
+        "record and in `gpuwatchd report`.",
+        "Drain the node; attach `gpuwatchd report gpu:N` to the hardware ticket, with "
+        "nvidia-bug-report.sh's output as NVIDIA's RMA process asks.",
+        f"{DCGM_DIAGNOSTICS}: levels 3 and 4 are the administrator's post-mortem tests; DCGM "
+        "gives the verdict, NVIDIA names no RMA criterion of its own for it.",
+    ),
+    FaultCode(
+        "GW-1702",
+        "dcgm",
+        "dcgm_diag_not_run",
+        "DCGM's diagnostic could not run: no dcgmi, no host engine, output that is no "
+        "diagnostic's, a runtime error, or the level's timeout. A warning on the node; "
+        "nothing about the GPUs.",
+        "`level`, `run_time`, and the reason in the message.",
+        "Install DCGM and start nv-hostengine (`systemctl start nvidia-dcgm`), then run it again.",
     ),
 )
 

@@ -10,6 +10,7 @@ XID_CATALOG = "NVIDIA, *Analyzing Xid Errors with the Xid Catalog*"
 MEMORY_GUIDE = "NVIDIA, *GPU Memory Error Management*"
 PAGE_RETIREMENT = "NVIDIA, *Dynamic Page Retirement*"
 FABRIC_MANAGER = "NVIDIA, *Fabric Manager User Guide*"
+DCGM_DIAGNOSTICS = "NVIDIA, *DCGM Diagnostics*"
 
 _DEPLOY = "https://docs.nvidia.com/deploy"
 _MEMORY = f"{_DEPLOY}/a100-gpu-mem-error-mgmt"
@@ -28,6 +29,11 @@ SOURCES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "Dynamic Page Retirement": (f"{_DEPLOY}/dynamic-page-retirement/index.html",),
         "Fabric Manager User Guide": (
             "https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/",
+        ),
+        "DCGM Diagnostics": (
+            "https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html",
+            "https://docs.nvidia.com/datacenter/dcgm/latest/reference/command-line-reference/"
+            "dcgmi/dcgmi-diag.html",
         ),
         # What a vendor ticket holds: nvidia-bug-report.sh and the field diagnostic.
         "RMA Process": (f"{_DEPLOY}/rma-process/index.html",),

@@ -618,6 +618,8 @@ class FakeNvml:
                     ("nvmlDeviceGetName", (_P, _U), self._name),
                     ("nvmlDeviceGetArchitecture", (_P,), self._architecture),
                     ("nvmlDeviceGetUUID", (_P, _U), self._uuid),
+                    ("nvmlDeviceGetSerial", (_P, _U), self._serial),
+                    ("nvmlDeviceGetBoardPartNumber", (_P, _U), self._board_part_number),
                     ("nvmlDeviceGetPciInfo_v3", (_P,), self._pci_info),
                     ("nvmlDeviceGetTemperatureV", (_P,), self._temperature_v),
                     ("nvmlDeviceGetTemperature", (_U, _P), self._temperature),
@@ -708,6 +710,15 @@ class FakeNvml:
 
     def _uuid(self, gpu: int, buffer: int | None, size: int) -> int:
         return _write_string(buffer, size, self._gpu(gpu).uuid)
+
+    # nvml.h: the serial (NVML_DEVICE_SERIAL_BUFFER_SIZE, 30) and the board
+    # part number (NVML_DEVICE_PART_NUMBER_BUFFER_SIZE, 80), both from the
+    # board's InfoROM.
+    def _serial(self, gpu: int, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self._gpu(gpu).serial)
+
+    def _board_part_number(self, gpu: int, buffer: int | None, size: int) -> int:
+        return _write_string(buffer, size, self._gpu(gpu).spec.board_part_number)
 
     def _pci_info(self, gpu: int, info: int) -> int:
         simulated = self._gpu(gpu)

@@ -15,6 +15,7 @@ cumulative counters never go back.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import threading
@@ -143,6 +144,9 @@ class GpuSpec:
     # nvmlDeviceGetVbiosVersion, in `nvidia-smi -q`'s "VBIOS Version" form
     # (96.00.xx.00.xx on H100 boards); the number itself is assumed.
     vbios_version: str = "96.00.99.00.01"
+    # nvmlDeviceGetBoardPartNumber, in the 692-xxxxx-xxxx-xxx form of NVIDIA's
+    # boards (`nvidia-smi -q`, "Board Part Number"); the number itself is assumed.
+    board_part_number: str = "692-2G520-0200-000"
     # The PCIe link the GPU and its HGX baseboard's switches train to
     # (`nvidia-smi -q`, "Max" under "PCIe Generation" and "Link Width"): Gen5
     # x16 on H100/H200, Gen4 on A100, Gen3 on V100. B200 is Gen6-capable, but
@@ -311,6 +315,15 @@ class SimulatedGpu:
     pci_bus_id: str
     nvlinks: int
     baseline: Baseline | None = None
+
+    @property
+    def serial(self) -> str:
+        """The board's serial number (nvmlDeviceGetSerial): 13 digits, as
+        `nvidia-smi -q` shows a data-centre board's, drawn from its UUID
+        (any text: a replayed capture's may be a pseudonym) so that a
+        replaced board has its own."""
+        digest = hashlib.sha256(self.uuid.encode()).digest()
+        return f"{int.from_bytes(digest[:8]) % 10**13:013d}"
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,9 @@ _IDENTITY = (
     _Scalar("name", "nvmlDeviceGetName", convert=str),
     _Scalar("uuid", "nvmlDeviceGetUUID", convert=str),
     _Scalar("pci_bus_id", "nvmlDeviceGetPciInfo_v3", convert=lambda info: str(info.busId)),
+    # "For all products with an inforom" (nvml.h): absent on boards without one.
+    _Scalar("serial", "nvmlDeviceGetSerial", convert=str),
+    _Scalar("board_part_number", "nvmlDeviceGetBoardPartNumber", convert=str),
 )
 _SCALARS = (
     _Scalar("sm_clock_hertz", "nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_SM,), _scaled(_MHZ)),
@@ -698,11 +701,14 @@ class _Gpu:
         )
 
     def _unread_sample(self, **state: Any) -> GpuSample:
+        identity = self.identity
         return GpuSample(
             index=self.index,
-            uuid=self.identity.get("uuid"),
-            name=self.identity.get("name"),
-            pci_bus_id=self.identity.get("pci_bus_id"),
+            uuid=identity.get("uuid"),
+            name=identity.get("name"),
+            pci_bus_id=identity.get("pci_bus_id"),
+            serial=identity.get("serial"),
+            board_part_number=identity.get("board_part_number"),
             xid_counts=dict(self.xid_counts),
             **state,
         )

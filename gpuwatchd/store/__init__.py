@@ -9,6 +9,7 @@
 - boots.py: the boots seen and the XIDs of each;
 - facts.py: what the node learned about its hardware;
 - canary.py: the canaries' mismatch history;
+- dcgm.py: the DCGM diagnostics `canary --dcgm` ran, by board;
 - samples.py: the last sample of every GPU, port and PCIe function;
 - store.py: `Store`, which holds them and writes a poll in one transaction.
 """

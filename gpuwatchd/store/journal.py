@@ -145,7 +145,14 @@ def insert(
 
 
 def journal_poll(db: sqlite3.Connection, result: PolicyResult, now: float) -> None:
-    """What one poll raised, cleared, changed and decided."""
+    """What one poll raised, cleared, changed and decided. An entry of a GPU
+    or NVLink subject holds its board's `uuid` (in `data`): the subject is
+    named by the index the board had then, which another board may have later."""
+
+    def board(subject: str) -> dict[str, str]:
+        state = result.state.subject(subject)
+        return {"uuid": state.uuid} if state is not None and state.uuid else {}
+
     for finding in result.raised:
         insert(
             db,
@@ -159,7 +166,9 @@ def journal_poll(db: sqlite3.Connection, result: PolicyResult, now: float) -> No
             data={
                 "action": finding.action.value,
                 "definitive": finding.definitive,
+                "immediate": finding.immediate,
                 "evidence": dict(finding.evidence),
+                **board(finding.subject),
             },
         )
     for cleared in result.cleared:
@@ -171,10 +180,13 @@ def journal_poll(db: sqlite3.Connection, result: PolicyResult, now: float) -> No
             message=f"{cleared.check}/{cleared.code} cleared",
             check_name=cleared.check,
             code=cleared.code,
+            data=board(cleared.subject),
         )
     for change in result.changes:
         before = change.before.label if change.before is not None else "new"
-        _journal_health(db, change.time, change.subject, before, change.after.label)
+        _journal_health(
+            db, change.time, change.subject, before, change.after.label, board=board(change.subject)
+        )
     for decision in result.decisions:
         journal_decision(db, decision, None)
 
@@ -210,7 +222,10 @@ def journal_manual_health(
     before = before_state.health.label if before_state is not None else "new"
     now = after_state.health.label
     if before != now:
-        _journal_health(db, decision.time, decision.subject, before, now, decision.source, operator)
+        board = {"uuid": after_state.uuid} if after_state.uuid else None
+        _journal_health(
+            db, decision.time, decision.subject, before, now, decision.source, operator, board
+        )
 
 
 def _journal_health(
@@ -221,6 +236,7 @@ def _journal_health(
     after: str,
     source: str | None = None,
     operator: str | None = None,
+    board: Mapping[str, str] | None = None,
 ) -> None:
     insert(
         db,
@@ -230,7 +246,7 @@ def _journal_health(
         message=f"{before} -> {after}",
         source=source,
         operator=operator,
-        data={"before": before, "after": after},
+        data={"before": before, "after": after, **(board or {})},
     )
 
 

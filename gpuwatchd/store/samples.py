@@ -70,6 +70,14 @@ class LastSamples:
             for time in sorted(gpus.keys() | ports.keys() | functions.keys())
         )
 
+    def gpu(self, uuid: str) -> tuple[float, GpuSample] | None:
+        """The last sample saved of the board `uuid`, and when it was taken."""
+        with self._database.reading() as db:
+            row = db.execute(
+                "SELECT time, data FROM last_samples WHERE kind = 'gpu' AND subject = ?", (uuid,)
+            ).fetchone()
+        return None if row is None else (row["time"], _decode_gpu(json.loads(row["data"])))
+
     def boards(self) -> tuple[Board, ...]:
         """The board last seen at each index, by the newest saved samples."""
         with self._database.reading() as db:

@@ -273,5 +273,23 @@ MIGRATIONS: tuple[Migration, ...] = (
     # When the daemon last wrote a poll (the wall clock): a verdict read from
     # the database is only as fresh as that (slurm-healthcheck).
     "ALTER TABLE policy_state ADD COLUMN last_poll REAL",
+    # The DCGM diagnostics `gpuwatchd canary --dcgm` ran (dcgm.py: DcgmRun),
+    # and what each said of every board it ran on, by UUID (store/dcgm.py).
+    """
+    CREATE TABLE dcgm_runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        level INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE TABLE dcgm_run_boards (
+        uuid TEXT NOT NULL,
+        run_id INTEGER NOT NULL REFERENCES dcgm_runs (id),
+        outcome TEXT NOT NULL,
+        PRIMARY KEY (uuid, run_id)
+    );
+    CREATE INDEX dcgm_run_boards_run ON dcgm_run_boards (run_id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,7 +6,7 @@ policy state, journal, XIDs, the webhook events of its decisions and the
 readings' last samples, so that no decision is ever on record without its
 events or the other way round. An operator's quarantine or release is one
 transaction too. Everything else belongs to one concern and is reached
-through it: `journal`, `outbox`, `boots`, `facts`, `canary`, `samples`.
+through it: `journal`, `outbox`, `boots`, `facts`, `canary`, `dcgm`, `samples`.
 
 A database that cannot be used raises StoreError; the daemon can go on
 monitoring with `Store.in_memory()` (`persistent` is False) and export that
@@ -33,6 +33,7 @@ from gpuwatchd.store import policy_state
 from gpuwatchd.store.boots import Boots, record_xids
 from gpuwatchd.store.canary import CanaryMismatches
 from gpuwatchd.store.database import LOCK_WAIT_SECONDS, Database
+from gpuwatchd.store.dcgm import DcgmRuns
 from gpuwatchd.store.facts import Facts
 from gpuwatchd.store.journal import (
     Journal,
@@ -82,6 +83,7 @@ class Store:
         self.boots = Boots(database)
         self.facts = Facts(database)
         self.canary = CanaryMismatches(database)
+        self.dcgm = DcgmRuns(database)
         self.samples = LastSamples(database)
 
     @classmethod
