@@ -14,13 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
-from gpuwatchd.canary.faults import ScenarioFaults
+from gpuwatchd.canary.cli import SimulatedGpu
 from gpuwatchd.canary.modes import read_modes
 from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.sim.canary_faults import ScenarioFaults, sdc_faults
 from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
@@ -87,6 +88,22 @@ def build_canary(
         modes=read_modes,
         kernel_cache=kernels,
     )
+
+
+def simulated_canary_node(name: str) -> tuple[SimulatedGpu, ...]:
+    """The GPUs of scenario `name` as `gpuwatchd canary --simulate` stands in
+    for them: each as its model, with the scenario's `sdc` faults on it
+    (all of them, whatever their `at`: a one-shot run). ValueError for a bad
+    scenario or a model with no simulated hardware."""
+    scenario = scenarios.load(name)
+    faults = sdc_faults(scenario)
+    gpus = []
+    for index in range(scenario.node.gpus):
+        spec = spec_for(scenario.node.model_of(index))
+        gpus.append(
+            SimulatedGpu(spec.name, spec.sm_count, spec.compute_capability, faults.get(index, ()))
+        )
+    return tuple(gpus)
 
 
 def build_sources(

@@ -39,8 +39,8 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
-from gpuwatchd.assemble import build_daemon, simulate
-from gpuwatchd.canary.cli import canary
+from gpuwatchd.assemble import build_daemon, simulate, simulated_canary_node
+from gpuwatchd.canary.cli import canary_command
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     DEFAULT_CONFIG_PATH,
@@ -591,6 +591,8 @@ def _api_journal(client: DaemonClient, window: _Window) -> _Journal:
     return kept, bool(document.get("truncated"))
 
 
+# The canaries' one-shot command, with the simulated node the assembly describes.
+canary = canary_command(simulated_canary_node)
 main.add_command(canary)
 
 

@@ -18,7 +18,6 @@ import pytest
 from click.testing import CliRunner
 from nvml_support import scenario
 
-from gpuwatchd.canary.cli import canary
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import (
     WORKER_MODULE,
@@ -35,6 +34,7 @@ from gpuwatchd.canary.spec import (
     CanarySpec,
 )
 from gpuwatchd.canary.wire import from_wire, to_wire
+from gpuwatchd.cli import canary
 from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 

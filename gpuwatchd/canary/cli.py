@@ -9,10 +9,12 @@ scenario, a canary that crashed or hung), 0 when everything passed.
 
 `--simulate SCENARIO` runs against a simulated node: the CPU backend stands
 in for each of its GPUs, and its `sdc` faults (all of them, whatever their
-`at`) corrupt the GPUs they name.
+`at`) corrupt the GPUs they name. The simulated node is the assembly's to
+describe (`canary_command`'s `simulated_node`, gpuwatchd/assemble.py): the
+canaries never read a scenario themselves.
 
-A standalone click command: `python -m gpuwatchd.canary.cli`, or a
-subcommand of `gpuwatchd` through `main.add_command(canary)`.
+A click command built by `canary_command`: a subcommand of `gpuwatchd`, or
+standalone, without `--simulate`, as `python -m gpuwatchd.canary.cli`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import IO
@@ -32,15 +34,13 @@ import click
 
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
-from gpuwatchd.canary.faults import sdc_faults
+from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.modes import NvmlCannotStart, compute_capability, nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
-from gpuwatchd.sim import scenario as scenarios
-from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.sources import PcieSourceConfig
 from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
 from gpuwatchd.units import parse_duration
@@ -61,6 +61,21 @@ class CannotRun(click.ClickException):
 
 
 @dataclass(frozen=True)
+class SimulatedGpu:
+    """One GPU of a simulated node, as the CPU backend stands in for it."""
+
+    model: str
+    sm_count: int
+    compute_capability: tuple[int, int] | None
+    faults: tuple[FaultSpec, ...]
+
+
+# A scenario's name or file -> its GPUs in index order; ValueError for a bad
+# scenario or a model with no simulated hardware.
+SimulatedNode = Callable[[str], Sequence[SimulatedGpu]]
+
+
+@dataclass(frozen=True)
 class Plan:
     requests: tuple[BurstRequest, ...]
     timeout: float
@@ -78,30 +93,30 @@ def _gpu_choice(value: str, available: Sequence[int]) -> list[int]:
     return [int(value)]
 
 
-def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> Plan:
+def _simulated_plan(
+    gpu: str, backend: str, name: str, config: CanaryConfig, simulated_node: SimulatedNode
+) -> Plan:
     if backend == "cuda":
         raise CannotRun("a simulated node runs on the cpu backend, not cuda")
     try:
-        scenario = scenarios.load(name)
-        faults = sdc_faults(scenario)
-        specs = [spec_for(scenario.node.model_of(i)) for i in range(scenario.node.gpus)]
+        node = simulated_node(name)
     except ValueError as error:  # a bad scenario, a model with no simulated hardware
         raise CannotRun(str(error)) from error
     requests = []
-    for index in _gpu_choice(gpu, range(len(specs))):
-        spec = specs[index]
+    for index in _gpu_choice(gpu, range(len(node))):
+        simulated = node[index]
         # The simulated model's capability: a simulated V100 runs no tensor-core tile.
         suite = default_suite(
-            "cpu", config.seed, config.seed, config.hbm_bytes, spec.compute_capability
+            "cpu", config.seed, config.seed, config.hbm_bytes, simulated.compute_capability
         )
         requests.append(
             BurstRequest(
                 "cpu",
                 suite,
                 gpu=index,
-                stand_in_model=spec.name,
-                stand_in_sm_count=spec.sm_count,
-                faults=faults.get(index, ()),
+                stand_in_model=simulated.model,
+                stand_in_sm_count=simulated.sm_count,
+                faults=simulated.faults,
             )
         )
     return Plan(tuple(requests), config.timeout)
@@ -246,57 +261,78 @@ def exit_status(results: Sequence[CanaryResult]) -> int:
     return EXIT_PASS
 
 
-@click.command("canary")
-@click.option(
-    "--gpu",
-    "gpu",
-    default="all",
-    metavar="N|all",
-    show_default=True,
-    help="The GPU to check; `all` also checks the host's CPU cores.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="cuda (CuPy), cpu (the host's cores; a simulated node's GPUs), or auto.",
-)
-@click.option(
-    "--simulate",
-    metavar="SCENARIO",
-    help="Run on a simulated node: a built-in scenario name or a scenario file.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
-@click.option(
-    "--long",
-    "burn",
-    metavar="DURATION",
-    help="Burn-in or a maintenance window: instead of the suite, sustained full-power GEMMs "
-    "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
-    "stops at the first wrong answer.",
-)
-@click.option(
-    "--sysfs-root",
-    default=PcieSourceConfig().sysfs_root,
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where the PCI bus is read to tell a node with GPUs when NVML cannot start.",
-)
-def canary(
+def canary_command(simulated_node: SimulatedNode | None = None) -> click.Command:
+    """The `canary` command; `simulated_node` describes the GPUs of a
+    scenario for `--simulate` (None: no simulation here)."""
+
+    @click.command("canary")
+    @click.option(
+        "--gpu",
+        "gpu",
+        default="all",
+        metavar="N|all",
+        show_default=True,
+        help="The GPU to check; `all` also checks the host's CPU cores.",
+    )
+    @click.option(
+        "--backend",
+        type=click.Choice(["auto", "cuda", "cpu"]),
+        default="auto",
+        show_default=True,
+        help="cuda (CuPy), cpu (the host's cores; a simulated node's GPUs), or auto.",
+    )
+    @click.option(
+        "--simulate",
+        metavar="SCENARIO",
+        help="Run on a simulated node: a built-in scenario name or a scenario file.",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
+    @click.option(
+        "--long",
+        "burn",
+        metavar="DURATION",
+        help="Burn-in or a maintenance window: instead of the suite, sustained full-power GEMMs "
+        "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
+        "stops at the first wrong answer.",
+    )
+    @click.option(
+        "--sysfs-root",
+        default=PcieSourceConfig().sysfs_root,
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="Where the PCI bus is read to tell a node with GPUs when NVML cannot start.",
+    )
+    def canary(
+        gpu: str,
+        backend: str,
+        simulate: str | None,
+        as_json: bool,
+        burn: str | None,
+        sysfs_root: str,
+    ) -> None:
+        """Run the known-answer canary suite once and report every result."""
+        run_once(gpu, backend, simulate, as_json, burn, sysfs_root, simulated_node)
+
+    return canary
+
+
+def run_once(
     gpu: str,
     backend: str,
     simulate: str | None,
     as_json: bool,
     burn: str | None,
     sysfs_root: str,
+    simulated_node: SimulatedNode | None,
 ) -> None:
-    """Run the known-answer canary suite once and report every result."""
+    """The command's work; exits with the run's status."""
     config = CanaryConfig()
-    if simulate is not None:
-        plan = _simulated_plan(gpu, backend, simulate, config)
-    else:
+    if simulate is None:
         plan = _node_plan(gpu, backend, config, sysfs_root)
+    elif simulated_node is None:
+        raise CannotRun("--simulate needs the simulator: run it as `gpuwatchd canary --simulate`")
+    else:
+        plan = _simulated_plan(gpu, backend, simulate, config, simulated_node)
     if not plan.requests:
         raise CannotRun("nothing to run the canaries on")
     # Without --json the lines are the report (stdout); with it, progress
@@ -326,4 +362,4 @@ def _verdict(results: Sequence[CanaryResult]) -> str:
 
 
 if __name__ == "__main__":
-    canary()
+    canary_command()()
