@@ -205,14 +205,15 @@ def test_under_the_units_read_only_file_system_every_canary_runs(tmp_path: Path)
 @needs_sandbox
 def test_under_the_unit_cupys_default_kernel_cache_stops_the_burst(tmp_path: Path) -> None:
     # What the worker did before its environment named a cache: CuPy's
-    # default ~/.cupy/kernel_cache cannot be created, the first kernel fails.
+    # default ~/.cupy/kernel_cache cannot be created, the first kernel (the
+    # first output's digest, on the device) fails.
     state = tmp_path / "state"
     state.mkdir()
     request = BurstRequest("cuda", SMALL_SUITE, gpu=0, uuid=UUID)
     environment = with_fake_cupy(worker_environment(request))
     del environment["CUPY_CACHE_IN_MEMORY"]
     results = run_worker(request, environment, sandboxed(state))
-    assert results[-1].canary == "int_chain_u32" and results[-1].result == "error"
+    assert results[-1].canary == "gemm_exact_fp16" and results[-1].result == "error"
     assert "Read-only file system" in (results[-1].message or "")
 
 

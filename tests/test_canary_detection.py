@@ -220,9 +220,10 @@ def gpu_burn_style_check(backend: FaultyBackend, spec: CanarySpec) -> bool:
     fmt = FORMATS[spec.dtype]
     m, k, n = spec.shape
     inputs = exact_gemm(fmt, (m, k, n), spec.seed)
-    first = backend.gemm(fmt, inputs.a, inputs.b).output
+    first = backend.gemm(fmt, inputs.a, inputs.b).output.fetch()
     return all(
-        np.array_equal(backend.gemm(fmt, inputs.a, inputs.b).output, first) for _ in range(5)
+        np.array_equal(backend.gemm(fmt, inputs.a, inputs.b).output.fetch(), first)
+        for _ in range(5)
     )
 
 

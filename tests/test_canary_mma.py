@@ -17,7 +17,7 @@ from nvml_support import scenario
 
 from gpuwatchd.canary import mma
 from gpuwatchd.canary.agent import CanaryAgent
-from gpuwatchd.canary.backend import ThreadRun
+from gpuwatchd.canary.backend import HostOutput, ThreadRun
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.cpu import CpuBackend
 from gpuwatchd.canary.gemm import exact_gemm
@@ -148,9 +148,9 @@ class OneWrongAccumulator(CpuBackend):
 
     def mma(self, inputs: mma.MmaInputs) -> ThreadRun:
         run = super().mma(inputs)
-        values = run.values.copy()
+        values = run.values.fetch().copy()
         values.view(np.uint32)[300, 2] ^= 1 << 9
-        return ThreadRun(values=values, units=run.units)
+        return ThreadRun(values=HostOutput(values), units=run.units)
 
 
 @pytest.mark.parametrize("dtype", MMA_DTYPES)

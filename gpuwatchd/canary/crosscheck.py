@@ -22,15 +22,20 @@ from types import MappingProxyType
 
 from gpuwatchd.canary.result import CanaryResult
 
+# The generator of the operands and the digest (hashing.py): a new one starts
+# afresh rather than mismatching every GPU.
+INPUTS = "inputs 3"
+
 
 def scope(result: CanaryResult) -> str | None:
-    """What a digest is comparable within; None for results without one."""
+    """What a digest is comparable within; None for results without one. A
+    `gemm_bounded` re-run computes the very product of its `gemm_random`
+    on the same inputs: its digest is judged in that canary's scope."""
     if result.digest is None or result.environment is None:
         return None
     shape = "x".join(map(str, result.shape))
-    # `inputs 2`: the generator of the operands (gemm.random_gemm); a new
-    # one starts afresh rather than mismatching every GPU.
-    return f"{result.environment} | inputs 2 | {result.canary} {shape} seed {result.seed}"
+    canary = f"gemm_random_{result.dtype}" if result.kind == "gemm_bounded" else result.canary
+    return f"{result.environment} | {INPUTS} | {canary} {shape} seed {result.seed}"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ directions.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any, Literal, Protocol
@@ -97,6 +98,37 @@ class ArrayRegion:
         # A typed word: a bare Python int above 2^63 does not fit every
         # array module's default integer.
         return self._xp.uint64(value)
+
+
+class TimedRegion:
+    """A region whose every call is device time, measured by `timed` (a
+    backend's timer: CUDA events, or the host's clock)."""
+
+    def __init__(
+        self, inner: MemoryRegion, timed: Callable[[], AbstractContextManager[None]]
+    ) -> None:
+        self._inner = inner
+        self._timed = timed
+
+    @property
+    def words(self) -> int:
+        return self._inner.words
+
+    def fill(self, pattern: Pattern, start: int, stop: int) -> None:
+        with self._timed():
+            self._inner.fill(pattern, start, stop)
+
+    def verify(self, pattern: Pattern, start: int, stop: int) -> Comparison:
+        with self._timed():
+            return self._inner.verify(pattern, start, stop)
+
+    def peek(self, index: int) -> int:
+        with self._timed():
+            return self._inner.peek(index)
+
+    def poke(self, index: int, value: int) -> None:
+        with self._timed():
+            self._inner.poke(index, value)
 
 
 def _chunks(words: int) -> list[tuple[int, int]]:
