@@ -13,7 +13,8 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
+from gpuwatchd.canary.agent import BurstRunner, CanaryAgent
+from gpuwatchd.canary.bursts import StandIn, WorkerCaches
 from gpuwatchd.canary.cli import SimulatedGpu
 from gpuwatchd.canary.modes import read_modes
 from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
@@ -53,13 +54,16 @@ def build_canary(
     log.info("canaries: %s", why)
     state_dir = config.daemon.state_dir
     digests = os.path.join(state_dir, "canary-digests.json")
-    # References and CuPy's kernels live in the state directory: the only
-    # place the systemd unit lets the daemon write.
+    # References, CuPy's kernels and the driver's JIT cache live in the state
+    # directory: the only place the systemd unit lets the daemon write.
     canary_config = config.canary
     if canary_config.reference_cache is None:
         references = os.path.join(state_dir, "canary-references")
         canary_config = replace(canary_config, reference_cache=references)
-    kernels = os.path.join(state_dir, "cupy-kernel-cache")
+    caches = WorkerCaches(
+        kernels=os.path.join(state_dir, "cupy-kernel-cache"),
+        jit=os.path.join(state_dir, "cuda-jit-cache"),
+    )
     cores = os.sched_getaffinity(0)
     if scenario is None:
         return CanaryAgent(
@@ -71,7 +75,7 @@ def build_canary(
             runner=runner,
             executor=executor,
             modes=read_modes,
-            kernel_cache=kernels,
+            caches=caches,
         )
     start = clock.now()
     models = scenario.node.distinct_models
@@ -86,7 +90,7 @@ def build_canary(
         runner=runner,
         executor=executor,
         modes=read_modes,
-        kernel_cache=kernels,
+        caches=caches,
     )
 
 

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from daemon_support import InlineExecutor
 
-from gpuwatchd.canary.agent import CanaryAgent, StandIn
+from gpuwatchd.canary.agent import CanaryAgent
+from gpuwatchd.canary.bursts import StandIn
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook
 from gpuwatchd.canary.export import families

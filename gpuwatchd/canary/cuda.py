@@ -238,10 +238,11 @@ class CudaBackend:
             device_a, device_b = self._cp.asarray(host_a), self._cp.asarray(host_b)
             return self._timed_gemm(fmt, device_a, device_b)
 
-    def _operand(
+    def device_operand(
         self, fmt: NumberFormat, gemm_shape: tuple[int, int, int], seed: int, operand: int
     ) -> Any:
-        """A full-mantissa operand made on the GPU, in the type cuBLAS reads."""
+        """A full-mantissa operand made on the GPU, in the type cuBLAS reads
+        (what hashing.host_operand makes on the host, bit for bit)."""
         cp = self._cp
         m, k, n = gemm_shape
         rows, cols = (m, k) if operand == 0 else (k, n)
@@ -254,7 +255,9 @@ class CudaBackend:
 
     def random_gemm(self, fmt: NumberFormat, shape: tuple[int, int, int], seed: int) -> GemmRun:
         with self._on_device():
-            device_a, device_b = (self._operand(fmt, shape, seed, operand) for operand in (0, 1))
+            device_a, device_b = (
+                self.device_operand(fmt, shape, seed, operand) for operand in (0, 1)
+            )
             return self._timed_gemm(fmt, device_a, device_b)
 
     def gemm_repeat(
@@ -262,7 +265,9 @@ class CudaBackend:
     ) -> BurnRun:
         cp = self._cp
         with self._on_device():
-            device_a, device_b = (self._operand(fmt, shape, seed, operand) for operand in (0, 1))
+            device_a, device_b = (
+                self.device_operand(fmt, shape, seed, operand) for operand in (0, 1)
+            )
             first = cp.empty((shape[0], shape[2]), dtype=fmt.output_dtype)
             later = cp.empty_like(first)
             differing = cp.zeros((), dtype=cp.int32)

@@ -241,6 +241,9 @@ class FaultyRegion:
     def verify(self, pattern: Pattern, start: int, stop: int) -> Comparison:
         return self._inner.verify(pattern, start, stop)
 
+    def agrees(self, pattern: Pattern, start: int, stop: int) -> bool:
+        return self._inner.agrees(pattern, start, stop)
+
     def peek(self, index: int) -> int:
         return self._inner.peek(index)
 

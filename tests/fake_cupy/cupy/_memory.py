@@ -18,9 +18,19 @@ from typing import Any
 
 import numpy as np
 
-_BY_ADDRESS: dict[int, DeviceArray] = {}
+# Weakly: an allocation nobody holds is freed, as on a device.
+_BY_ADDRESS: weakref.WeakValueDictionary[int, DeviceArray] = weakref.WeakValueDictionary()
+# The type an allocation was last viewed as (cupy's view: the same memory,
+# which cuBLAS reads in the type its caller names).
+_VIEWED_AS: dict[int, np.dtype[Any]] = {}
 # ("h2d" or "d2h", bytes) of every copy, in order.
 TRANSFERS: list[tuple[str, int]] = []
+# What reached the device, in order: ("event", its number) as one is
+# recorded, ("h2d" or "d2h", bytes) for a copy, ("work", 0) for a kernel,
+# a cuBLAS call or an array operation; and the (start, stop) event numbers
+# whose elapsed time was read. Together: which device work events bracket.
+TIMELINE: list[tuple[str, int]] = []
+ELAPSED: list[tuple[int, int]] = []
 ROUNDING = 512
 
 
@@ -34,6 +44,8 @@ class _Device:
 
 @contextmanager
 def device_work() -> Iterator[None]:
+    if _Device.depth == 0:
+        TIMELINE.append(("work", 0))
     _Device.depth += 1
     start = time.process_time()
     try:
@@ -53,12 +65,15 @@ class MemoryPool:
     def __init__(self) -> None:
         self._used = 0
         self._kept: Counter[int] = Counter()
+        # The most it ever held (not CuPy's: what tests read of the device).
+        self.peak = 0
 
     def allocate(self, nbytes: int) -> int:
         size = -(-max(nbytes, 1) // ROUNDING) * ROUNDING
         if self._kept[size]:
             self._kept[size] -= 1
         self._used += size
+        self.peak = max(self.peak, self.total_bytes())
         return size
 
     def release(self, size: int) -> None:
@@ -89,11 +104,10 @@ class DeviceArray(np.ndarray):
         return _Pointer(int(self.ctypes.data))
 
     def view(self, *args: Any, **kwargs: Any) -> Any:
-        # A buffer read as another type (cupy's view) is the same allocation:
-        # cuBLAS reaches it at its address in the type it was given.
         viewed = super().view(*args, **kwargs)
-        if isinstance(viewed, DeviceArray) and viewed.ctypes.data in _BY_ADDRESS:
-            _BY_ADDRESS[int(viewed.ctypes.data)] = viewed
+        address = int(self.ctypes.data)
+        if isinstance(viewed, DeviceArray) and address in _BY_ADDRESS:
+            _VIEWED_AS[address] = viewed.dtype
         return viewed
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -118,14 +132,23 @@ class DeviceArray(np.ndarray):
 
 def register(array: DeviceArray) -> DeviceArray:
     """A new allocation: reachable by address, taken from the pool until freed."""
-    _BY_ADDRESS[int(array.ctypes.data)] = array
+    address = int(array.ctypes.data)
+    _BY_ADDRESS[address] = array
     size = POOL.allocate(array.nbytes)
-    weakref.finalize(array, POOL.release, size)
+    weakref.finalize(array, _free, address, size)
     return array
 
 
-def at(address: int) -> DeviceArray:
-    """The allocation that starts at `address` (cuBLAS gets no other kind)."""
+def _free(address: int, size: int) -> None:
+    _VIEWED_AS.pop(address, None)
+    POOL.release(size)
+
+
+def at(address: int) -> np.ndarray:
+    """The allocation that starts at `address` (cuBLAS gets no other kind),
+    in the type it was last viewed as."""
     if address not in _BY_ADDRESS:
         raise ValueError(f"fake CuPy: {address:#x} is not the start of a device allocation")
-    return _BY_ADDRESS[address]
+    array = _BY_ADDRESS[address].view(np.ndarray)
+    viewed = _VIEWED_AS.get(address)
+    return array if viewed is None else array.view(viewed)
