@@ -48,7 +48,15 @@ FaultMode = Literal[
     "error",
 ]
 FAULT_MODES: tuple[FaultMode, ...] = get_args(FaultMode)
-COMPUTE_MODES: tuple[FaultMode, ...] = ("lane", "sm", "consistent", "data", "intermittent", "lsb")
+COMPUTE_MODES: tuple[FaultMode, ...] = (
+    "lane",
+    "sm",
+    "consistent",
+    "data",
+    "intermittent",
+    "lsb",
+    "random_gemm_lsb",
+)
 MEMORY_MODES: tuple[FaultMode, ...] = ("stuck_bit", "address_alias")
 DEFAULT_MODE: FaultMode = "consistent"
 
