@@ -81,6 +81,7 @@ def test_packing_and_unpacking_are_inverse() -> None:
     c = np.arange(48 * 24).reshape(48, 24)
     packed = mma.pack_c(c)
     assert packed.shape == (3 * 3 * 32, 4) and sorted(packed.ravel()) == list(range(48 * 24))
+    assert np.array_equal(mma.unpack_c(packed, 48, 24), c)
 
 
 def test_every_e4m3_code_decodes_and_every_normal_one_encodes_back() -> None:

@@ -195,6 +195,14 @@ def pack_c(c: NDArray[Any]) -> NDArray[Any]:
     return np.ascontiguousarray(tiles[:, :, rows, cols]).reshape(-1, C_WORDS)
 
 
+def unpack_c(values: NDArray[Any], m: int, n: int) -> NDArray[Any]:
+    """(m/16 * n/8 * 32, 4) accumulators -> the (m, n) matrix: pack_c's inverse."""
+    rows, cols = c_positions()
+    tiles = np.empty((m // TILE_M, n // TILE_N, TILE_M, TILE_N), dtype=values.dtype)
+    tiles[:, :, rows, cols] = values.reshape(m // TILE_M, n // TILE_N, LANES, C_WORDS)
+    return tiles.transpose(0, 2, 1, 3).reshape(m, n)
+
+
 # --- e4m3 ---------------------------------------------------------------------------
 
 
@@ -339,14 +347,22 @@ extern "C" __global__ void mma_{name}(
 """
 
 
-def cuda_source(name: str) -> str:
-    fmt = MMA_FORMATS[name]
-    major, minor = fmt.capability
-    integer = fmt.output == np.int32
+def tile_source(
+    name: str, ptx_types: str, output: type[np.generic], capability: tuple[int, int]
+) -> str:
+    """The tile kernel `mma_<name>` for an m16n8k32 form with 8-bit operands
+    (the canaries' formats, or another the device check probes)."""
+    major, minor = capability
+    integer = output == np.int32
     return SMID_SOURCE + _KERNEL.format(
         name=name,
         out_type="int" if integer else "float",
         reg="r" if integer else "f",
         arch=major * 100 + minor * 10,
-        ptx_types=fmt.ptx_types,
+        ptx_types=ptx_types,
     )
+
+
+def cuda_source(name: str) -> str:
+    fmt = MMA_FORMATS[name]
+    return tile_source(name, fmt.ptx_types, fmt.output, fmt.capability)

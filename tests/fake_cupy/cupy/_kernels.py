@@ -70,8 +70,9 @@ def _chain(name: str, start: Any, mul: Any, add: Any, out: Any) -> None:
 
 
 # The compute capability each instruction needs (PTX ISA, mma's target
-# ISA notes): m16n8k32 .s8 sm_80, .e4m3 sm_89. An older GPU traps.
-MMA_CAPABILITY = {"int8": (8, 0), "fp8_e4m3": (8, 9)}
+# ISA notes): m16n8k32 .s8 sm_80, .e4m3 and .e5m2 sm_89 (the device check
+# probes e5m2). An older GPU traps.
+MMA_CAPABILITY = {"int8": (8, 0), "fp8_e4m3": (8, 9), "fp8_e5m2": (8, 9)}
 
 
 def _e4m3(byte: int) -> float:
@@ -86,6 +87,21 @@ def _e4m3(byte: int) -> float:
 
 
 E4M3 = np.array([_e4m3(byte) for byte in range(256)])
+
+
+def _e5m2(byte: int) -> float:
+    """OCP FP8 v1.0 E5M2: bias 15, IEEE-like infinities and NaN at exponent 31."""
+    sign = -1.0 if byte & 0x80 else 1.0
+    exponent, mantissa = (byte >> 2) & 0x1F, byte & 0x3
+    if exponent == 0x1F:
+        return sign * float("inf") if mantissa == 0 else float("nan")
+    if exponent == 0:
+        return sign * mantissa / 4 * 2.0**-14
+    return sign * (1 + mantissa / 4) * 2.0 ** (exponent - 15)
+
+
+E5M2 = np.array([_e5m2(byte) for byte in range(256)])
+DECODE = {"fp8_e4m3": E4M3.__getitem__, "fp8_e5m2": E5M2.__getitem__}
 
 
 def _fragment_tables() -> tuple[list[tuple[int, int]], ...]:
@@ -115,7 +131,7 @@ def _mma(kind: str, args: tuple[Any, ...]) -> int:
     tiles_n, warps = int(tiles_n), int(warps)
     a_bytes = np.asarray(a).view(np.uint8).reshape(-1, 32 * 16)
     b_bytes = np.asarray(b).view(np.uint8).reshape(-1, 32 * 8)
-    decode = (lambda x: x.view(np.int8).astype(np.float64)) if kind == "int8" else E4M3.__getitem__
+    decode = (lambda x: x.view(np.int8).astype(np.float64)) if kind == "int8" else DECODE[kind]
     table_a, table_b, table_c = (np.array(t) for t in _fragment_tables())
     tiles_a = np.zeros((a_bytes.shape[0], 16, 32))
     tiles_a[:, table_a[:, 0], table_a[:, 1]] = decode(a_bytes)
