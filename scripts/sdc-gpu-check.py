@@ -55,6 +55,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -77,18 +78,27 @@ Report = dict[str, Any]
 
 
 def sh(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 120.0) -> Report:
+    """Run `cmd`; at `timeout` its whole process group is killed (a section's
+    probes and loads must not outlive it on the GPU)."""
     start = time.monotonic()
     try:
-        done = subprocess.run(
-            cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+        process = subprocess.Popen(
+            cmd,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as expired:
-        partial = expired.stdout or ""
-        out = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
-        rc, err = 124, "timeout"
     except OSError as error:  # no such program (nvidia-smi, unshare)
-        rc, out, err = 127, "", str(error)
+        return {"rc": 127, "seconds": 0.0, "stdout": "", "stderr": str(error)}
+    try:
+        out, err = process.communicate(timeout=timeout)
+        rc = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        rc, err = 124, f"timeout after {timeout:.0f} s; " + err[-2000:]
     return {
         "rc": rc,
         "seconds": round(time.monotonic() - start, 2),
