@@ -133,10 +133,10 @@ def test_a_last_bit_wrong_in_the_full_mantissa_gemms_alone_only_their_digests_se
     assert detected("random_gemm_lsb", sibling_results) == RANDOM_GEMMS
 
 
-# The re-run of a full-mantissa GEMM's digest mismatch (confirm.rerun_spec):
-# what it confirms, against an fp64 error bound. A flip within rounding
-# error (lsb) passes it: such a GPU is watched, never confirmed, by the
-# digest alone.
+# The re-run of a full-mantissa GEMM's digest mismatch (confirm.rerun_spec),
+# against its fp64 error bound alone: a flip within rounding error (lsb)
+# passes the bound, and only the re-run's digest, judged against the agreed
+# one (crosscheck), sees it (the daemon test at the end of this file).
 BOUNDED_CATCHES: Mapping[str, bool] = {
     "lane": True,
     "sm": True,
