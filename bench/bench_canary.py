@@ -1,53 +1,50 @@
 """How long one canary burst takes on the CPU backend, what share of a
-GPU's time the default schedule gives the canaries, and the host-side work
-of a CUDA-sized burst.
+GPU's time the default schedule gives the canaries, and the host's work in
+a CUDA-sized burst.
 
 Runs the suite the CPU backend runs for a (simulated) GPU: in this process,
 to time the canaries themselves, and in a worker process as the daemon runs
 it, to time the whole burst with the process start. Then one burst on the
 host's cores. The duty cycle is burst time over the default interval.
 
-`--cuda-host` times what the host does for each canary of the CUDA-sized
-suite (default_suite("cuda")) around the GPU's work, which needs no GPU:
-making the inputs, the reference (cold: computed; warm: cached by default),
-and hashing an output of the canary's size. Device time, wall time with a
-CUDA context and GPU memory need a GPU: scripts/sdc-gpu-check.py.
+`--cuda-host` measures what a burst of the CUDA-sized suite
+(default_suite("cuda"), an H100's) costs the host's CPU with its references
+cached: the bursts run through the CUDA backend in a process with the
+worker's pinned environment, on CuPy where it is installed and otherwise on
+the fake CuPy of tests/fake_cupy, whose "device" computes on the host; what
+that device spends of the CPU is counted apart and taken off (a GPU spends
+none of it). So the figure is gpuwatchd's host work for the burst: inputs,
+the backend's conversions and copies, judging, everything but the device's
+own kernels. It leaves out the worker's start (Python, CuPy and the CUDA
+context), which only a GPU can measure (scripts/sdc-gpu-check.py). With the
+fake, the peak of GPU memory is the backend's own report of the pool.
 
-    .venv/bin/python bench/bench_canary.py [--repeat N] [--cuda-host]
+    .venv/bin/python bench/bench_canary.py [--repeat N] [--cuda-host [--bursts N]]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from gpuwatchd.canary.chains import (
-    FMA_FORMATS,
-    fma_chain_inputs,
-    fma_chain_reference,
-    int_chain_inputs,
-    int_chain_reference,
-)
 from gpuwatchd.canary.config import CanaryConfig
-from gpuwatchd.canary.convert import convert_inputs, convert_reference
-from gpuwatchd.canary.formats import FORMATS
-from gpuwatchd.canary.gemm import exact_gemm, exact_reference, random_gemm
-from gpuwatchd.canary.mma import mma_case, mma_reference
-from gpuwatchd.canary.runner import BurstRequest, run_burst
-from gpuwatchd.canary.sfu import outside as sfu_outside
-from gpuwatchd.canary.sfu import sfu_inputs, sfu_reference
-from gpuwatchd.canary.spec import CanarySpec, default_suite, host_suite
-from gpuwatchd.canary.suite import digest
+from gpuwatchd.canary.runner import BurstRequest, pinned_environment, run_burst
+from gpuwatchd.canary.spec import default_suite, host_suite
 from gpuwatchd.canary.worker import run_in_process
 from gpuwatchd.clock import SystemClock
 
-T = TypeVar("T")
+FAKE_CUPY = Path(__file__).resolve().parent.parent / "tests" / "fake_cupy"
+# An H100's compute capability: every canary, the tensor-core tiles too.
+H100 = (9, 0)
 
 
 def timed(run: Callable[[], object], repeat: int) -> list[float]:
@@ -59,91 +56,78 @@ def timed(run: Callable[[], object], repeat: int) -> list[float]:
     return durations
 
 
-def cuda_host_work() -> None:
-    """Host seconds per canary of the CUDA-sized suite (one run each)."""
+def cuda_host_bursts(bursts: int) -> dict[str, Any]:
+    """In this process (CuPy importable, the worker's environment): one burst
+    to fill the reference cache, then `bursts` timed ones."""
+    import cupy  # type: ignore[import-not-found]
+
+    # The fake's emulated device; a GPU computes without the host's CPU.
+    device_cpu: Callable[[], float] = getattr(cupy, "device_process_seconds", lambda: 0.0)
     config = CanaryConfig()
-    # An H100's compute capability: every canary, the tensor-core tiles too.
-    suite = default_suite("cuda", config.seed, config.seed, config.hbm_bytes, (9, 0))
-    print("CUDA-sized suite, host work per canary (s): inputs, reference cold, output digest")
-    totals = [0.0, 0.0, 0.0]
-    for spec in suite:
-        inputs, reference, output = host_steps(spec)
-        row = [_time(inputs), _time(reference) if reference else 0.0, _time(output)]
-        totals = [t + r for t, r in zip(totals, row, strict=True)]
-        print(f"  {spec.name:<28} {row[0]:7.3f} {row[1]:7.3f} {row[2]:7.3f}")
-    print(f"  {'total':<28} {totals[0]:7.3f} {totals[1]:7.3f} {totals[2]:7.3f}")
-    print(
-        f"  per burst with cached references: {totals[0] + totals[2]:.2f} s host, "
-        f"first burst of a seed {sum(totals):.2f} s"
+    with tempfile.TemporaryDirectory(prefix="gpuwatchd-references-") as references:
+        request = BurstRequest(
+            "cuda",
+            default_suite("cuda", config.seed, config.seed, config.hbm_bytes, H100),
+            gpu=0,
+            uuid="GPU-bench",
+            reference_cache=references,
+        )
+        clock = SystemClock()
+        run_in_process(request, timeout=config.timeout, clock=clock)
+        host, wall, device, peaks = [], [], [], []
+        for _ in range(bursts):
+            cpu, emulated, start = time.process_time(), device_cpu(), time.perf_counter()
+            outcome = run_in_process(request, timeout=config.timeout, clock=clock)
+            wall.append(time.perf_counter() - start)
+            host.append(time.process_time() - cpu - (device_cpu() - emulated))
+            device.append(outcome.device_seconds)
+            peaks.append(getattr(outcome, "device_memory_bytes", None))
+            failed = [r.canary for r in outcome.results if r.result != "pass"]
+            if failed or len(outcome.results) != len(request.specs):
+                raise RuntimeError(f"the CUDA-sized burst did not pass: {failed}")
+    held = [peak for peak in peaks if peak is not None]
+    return {
+        "cuda_host_cpu_s_per_burst": round(statistics.median(host), 3),
+        "cuda_host_cpu_s_each": [round(x, 3) for x in host],
+        "cuda_burst_wall_s": round(statistics.median(wall), 2),
+        "cuda_device_s_per_burst": round(statistics.median(device), 3),
+        "gpu_memory_peak_mib": round(max(held) / 2**20, 1) if held else None,
+        "cuda_backend": "fake CuPy" if getattr(cupy, "FAKE", False) else f"CuPy {cupy.__version__}",
+        "canaries": len(request.specs),
+    }
+
+
+def cuda_host_figures(bursts: int, code: Path | None = None) -> dict[str, Any]:
+    """cuda_host_bursts in a process of its own with the worker's pinned
+    environment (one BLAS thread); `code`: the gpuwatchd tree to measure
+    (another checkout's, to compare), this one's by default."""
+    try:
+        import cupy  # noqa: F401  (a real CuPy: measure on it)
+
+        fake: list[str] = []
+    except ImportError:
+        fake = [str(FAKE_CUPY)]
+    tree = [str(code)] if code is not None else []
+    path = os.pathsep.join([*tree, *fake, *sys.path])
+    environment = {**pinned_environment(None), "PYTHONPATH": path}
+    script = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from bench_canary import cuda_host_bursts\n"
+        f"print(json.dumps(cuda_host_bursts({bursts})))\n"
     )
-
-
-def _time(step: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    step()
-    return time.perf_counter() - start
-
-
-Steps = tuple[Callable[[], object], Callable[[], object] | None, Callable[[], object]]
-
-
-def _known_answer(make: Callable[[], T], reference: Callable[[T], object], output: object) -> Steps:
-    """Making the inputs, computing their reference, hashing an output of
-    the output's size."""
-    made = make()
-    return make, (lambda: reference(made)), (lambda: digest(np.asarray(output)))
-
-
-def host_steps(spec: CanarySpec) -> Steps:
-    """(inputs, reference or None, digest of an output) of one canary."""
-    threads = spec.shape[0]
-    if spec.kind in ("gemm_exact", "gemm_random"):
-        fmt = FORMATS[spec.dtype]
-        m, k, n = spec.shape
-        size = np.zeros((m, n), dtype=fmt.output_dtype)
-        if spec.kind == "gemm_random":
-            return (lambda: random_gemm(fmt, (m, k, n), spec.seed)), None, lambda: digest(size)
-        return _known_answer(
-            lambda: exact_gemm(fmt, (m, k, n), spec.seed),
-            lambda inputs: exact_reference(fmt, inputs),
-            size,
-        )
-    if spec.kind == "int_chain":
-        steps = spec.shape[1]
-        return _known_answer(
-            lambda: int_chain_inputs(threads, steps, spec.seed),
-            int_chain_reference,
-            np.zeros(threads, dtype=np.uint32),
-        )
-    if spec.kind == "fma_chain":
-        fmt_chain, steps = FMA_FORMATS[spec.dtype], spec.shape[1]
-        return _known_answer(
-            lambda: fma_chain_inputs(fmt_chain, threads, steps, spec.seed),
-            fma_chain_reference,
-            np.zeros(threads, dtype=np.float64),
-        )
-    if spec.kind == "convert":
-        return _known_answer(
-            lambda: convert_inputs(threads, spec.seed),
-            convert_reference,
-            np.zeros((threads, 4), dtype=np.uint32),
-        )
-    if spec.kind == "sfu":
-        results = np.zeros((threads, 6), dtype=np.float32)
-        # Judged against bounds: the exact values are computed every burst.
-        return _known_answer(
-            lambda: sfu_inputs(threads, spec.seed),
-            lambda inputs: sfu_outside(results, sfu_reference(inputs), inputs),
-            results,
-        )
-    if spec.kind == "mma":
-        case = mma_case(spec.dtype, spec.shape, spec.seed)
-        return _known_answer(
-            lambda: mma_case(spec.dtype, spec.shape, spec.seed),
-            mma_reference,
-            np.zeros((case.inputs.threads, 4), dtype=np.uint32),
-        )
-    return (lambda: None), None, lambda: None  # HBM: patterns made and checked on the device
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the CUDA-sized bursts failed: {done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def burst_requests(config: CanaryConfig) -> tuple[BurstRequest, BurstRequest]:
@@ -169,9 +153,12 @@ def main() -> None:
         action="store_true",
         help="time the host's work around each canary of the CUDA-sized suite instead",
     )
+    parser.add_argument(
+        "--bursts", type=int, default=3, help="timed CUDA-sized bursts with --cuda-host (default 3)"
+    )
     args = parser.parse_args()
     if args.cuda_host:
-        cuda_host_work()
+        print(json.dumps(cuda_host_figures(args.bursts), indent=1))
         return
     repeat = args.repeat
     config = CanaryConfig()

@@ -20,6 +20,10 @@ sysfs tree for InfiniBand) on an injected clock:
 - the share of one core the daemon takes at the default poll interval and at
   1 s, with the canaries' CPU amortised over their default schedule (the CPU
   backend stands in for each GPU, as on a simulated node);
+- the host CPU of one burst of the CUDA-sized suite (an H100's), references
+  cached, and its peak of GPU memory, through the CUDA backend on CuPy or
+  its fake (bench_canary.cuda_host_figures: the fake device's own CPU taken
+  off);
 - the InfiniBand read beside the real node_exporter on the same tree
   (bench_infiniband.measure), as ratios;
 - for each scenario fault kind, the simulated seconds from the fault to the
@@ -50,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_canary import burst_requests
+from bench_canary import burst_requests, cuda_host_figures
 from bench_infiniband import measure as measure_infiniband
 from bench_infiniband import timed
 from bench_node import NodeRun, node_run, series_by_family
@@ -108,6 +112,7 @@ KIND_FAULTS: dict[str, str] = {
     "pcie_downtrained": "{kind: pcie_downtrained, gpu: 1, width: 8}",
     "pcie_replay_storm": "{kind: pcie_replay_storm, gpu: 1, rate: 10/s}",
     "fabric_unregistered": "{kind: fabric_unregistered, gpu: 1}",
+    "fabric_health": "{kind: fabric_health, gpu: 1, mask: 0x10}",
     "ib_symbol_errors": "{kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}",
     "ib_link_flap": "{kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/min}",
     "ib_port_down": "{kind: ib_port_down, hca: mlx5_1, port: 1}",
@@ -274,7 +279,8 @@ def children_cpu() -> float:
 
 def canary_figures(bursts: int) -> dict[str, Any]:
     """CPU seconds of one burst in its worker process (start-up and imports
-    included, as the daemon runs it) for a GPU stand-in and the host cores."""
+    included, as the daemon runs it) for a GPU stand-in and the host cores;
+    and the host's work in a CUDA-sized burst (its worker's start left out)."""
     config = CanaryConfig()
     clock = SystemClock()
     figures: dict[str, Any] = {}
@@ -287,6 +293,10 @@ def canary_figures(bursts: int) -> dict[str, Any]:
         figures[f"{name}_cpu_ms"] = ms(statistics.median(cpu))
     figures["gpu_interval_s"] = config.interval
     figures["host_interval_s"] = config.host_interval
+    cuda = cuda_host_figures(bursts)
+    figures["cuda_host_cpu_s_per_burst"] = cuda["cuda_host_cpu_s_per_burst"]
+    figures["gpu_memory_peak_mib"] = cuda["gpu_memory_peak_mib"]
+    figures["cuda_backend"] = cuda["cuda_backend"]
     return figures
 
 
@@ -451,6 +461,17 @@ def rows(results: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         "canary burst CPU, GPU stand-in / host cores",
         f"{canary['gpu_burst_cpu_ms']:.0f} / {canary['host_burst_cpu_ms']:.0f} ms",
         "",
+    )
+    yield (
+        f"CUDA-sized burst ({canary['cuda_backend']}): host CPU, references cached",
+        f"{canary['cuda_host_cpu_s_per_burst']:.3f} s",
+        "≤ 0.5 s",
+    )
+    peak = canary["gpu_memory_peak_mib"]
+    yield (
+        "CUDA-sized burst: GPU memory at its peak (the pool's)",
+        "unknown" if peak is None else f"{peak:.0f} MiB",
+        "≤ 512 MiB",
     )
     ib = results["infiniband"]
     yield (

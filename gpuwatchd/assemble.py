@@ -13,14 +13,16 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from gpuwatchd.canary.agent import BurstRunner, CanaryAgent, StandIn
-from gpuwatchd.canary.faults import ScenarioFaults
+from gpuwatchd.canary.agent import BurstRunner, CanaryAgent
+from gpuwatchd.canary.bursts import StandIn, WorkerCaches
+from gpuwatchd.canary.cli import SimulatedGpu
 from gpuwatchd.canary.modes import read_modes
 from gpuwatchd.canary.runner import choose_gpu_backend, run_burst
 from gpuwatchd.clock import Clock
 from gpuwatchd.config import Config
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
+from gpuwatchd.sim.canary_faults import ScenarioFaults, sdc_faults
 from gpuwatchd.sim.gpu import spec_for
 from gpuwatchd.sim.node import SimulatedNode
 from gpuwatchd.sources import Source
@@ -52,13 +54,16 @@ def build_canary(
     log.info("canaries: %s", why)
     state_dir = config.daemon.state_dir
     digests = os.path.join(state_dir, "canary-digests.json")
-    # References and CuPy's kernels live in the state directory: the only
-    # place the systemd unit lets the daemon write.
+    # References, CuPy's kernels and the driver's JIT cache live in the state
+    # directory: the only place the systemd unit lets the daemon write.
     canary_config = config.canary
     if canary_config.reference_cache is None:
         references = os.path.join(state_dir, "canary-references")
         canary_config = replace(canary_config, reference_cache=references)
-    kernels = os.path.join(state_dir, "cupy-kernel-cache")
+    caches = WorkerCaches(
+        kernels=os.path.join(state_dir, "cupy-kernel-cache"),
+        jit=os.path.join(state_dir, "cuda-jit-cache"),
+    )
     cores = os.sched_getaffinity(0)
     if scenario is None:
         return CanaryAgent(
@@ -70,7 +75,7 @@ def build_canary(
             runner=runner,
             executor=executor,
             modes=read_modes,
-            kernel_cache=kernels,
+            caches=caches,
         )
     start = clock.now()
     models = scenario.node.distinct_models
@@ -85,8 +90,24 @@ def build_canary(
         runner=runner,
         executor=executor,
         modes=read_modes,
-        kernel_cache=kernels,
+        caches=caches,
     )
+
+
+def simulated_canary_node(name: str) -> tuple[SimulatedGpu, ...]:
+    """The GPUs of scenario `name` as `gpuwatchd canary --simulate` stands in
+    for them: each as its model, with the scenario's `sdc` faults on it
+    (all of them, whatever their `at`: a one-shot run). ValueError for a bad
+    scenario or a model with no simulated hardware."""
+    scenario = scenarios.load(name)
+    faults = sdc_faults(scenario)
+    gpus = []
+    for index in range(scenario.node.gpus):
+        spec = spec_for(scenario.node.model_of(index))
+        gpus.append(
+            SimulatedGpu(spec.name, spec.sm_count, spec.compute_capability, faults.get(index, ()))
+        )
+    return tuple(gpus)
 
 
 def build_sources(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import faulthandler
+import functools
 import json
 import logging
 import os
@@ -41,8 +42,8 @@ from gpuwatchd.actions.client import (
 )
 from gpuwatchd.actions.manual import check_text, local_operator
 from gpuwatchd.actions.webhook import unreadable_files
-from gpuwatchd.assemble import build_daemon, simulated_node
-from gpuwatchd.canary.cli import DCGM_HOST, DcgmHost, canary
+from gpuwatchd.assemble import build_daemon, simulated_canary_node, simulated_node
+from gpuwatchd.canary.cli import canary_command
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
@@ -59,6 +60,7 @@ from gpuwatchd.config import (
 )
 from gpuwatchd.daemon import Daemon
 from gpuwatchd.dcgm import DcgmRun
+from gpuwatchd.dcgm.tier import DcgmHost, run_tier
 from gpuwatchd.notify import Notifier
 from gpuwatchd.policy import NODE
 from gpuwatchd.redact import redactions
@@ -168,7 +170,6 @@ def _show_version(ctx: click.Context, _: click.Parameter, wanted: bool) -> None:
 def main(ctx: click.Context) -> None:
     """GPU cluster health agent: reads NVML and InfiniBand, judges health,
     exports it to Prometheus and acts on quarantine decisions."""
-    ctx.meta[DCGM_HOST] = DcgmHost(load_config=_load, record=_record_dcgm)
     if ctx.invoked_subcommand is None:
         # Asked for nothing: the help is the answer, not a usage error.
         click.echo(ctx.get_help())
@@ -702,9 +703,6 @@ def _api_journal(client: DaemonClient, window: _Window) -> _Journal:
     # `until` on are left out here (its truncation flag may then be wrong).
     kept = tuple(e for e in entries if window.until is None or e.time < window.until)
     return kept, bool(document.get("truncated"))
-
-
-main.add_command(canary)
 
 
 @main.command("capture")
@@ -1256,3 +1254,11 @@ def _record_dcgm(config: Config, run: DcgmRun) -> str:
         return f"recorded in {offline.store.path} (run {offline.record_dcgm(run)})"
 
     return _daemon_or_database(target, remote, local)
+
+
+# The canaries' one-shot command, with the simulated node the assembly
+# describes and the DCGM tier recording through this command's config.
+canary = canary_command(
+    simulated_canary_node, functools.partial(run_tier, DcgmHost(_load, _record_dcgm))
+)
+main.add_command(canary)

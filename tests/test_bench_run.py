@@ -52,6 +52,9 @@ def test_the_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
             share["daemon_percent"] + share["canaries_percent"], abs=0.002
         )
         assert share["canaries_percent"] > 0
+    canary = results["canary"]
+    assert measured(canary["cuda_host_cpu_s_per_burst"])
+    assert measured(canary["gpu_memory_peak_mib"]) and canary["gpu_memory_peak_mib"] > 0
     ib = results["infiniband"]
     for ratio in (
         "ratio_read_render_vs_collector",

@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 
 from daemon_support import InlineExecutor
 
-from gpuwatchd.canary.agent import CanaryAgent, StandIn
+from gpuwatchd.canary.agent import CanaryAgent
+from gpuwatchd.canary.bursts import StandIn
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook
 from gpuwatchd.canary.export import families
@@ -280,3 +281,18 @@ def test_the_daemon_side_does_not_import_numpy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert imported.stdout.strip() == "False"
+
+
+def test_no_canary_module_imports_the_simulator() -> None:
+    # Production code never loads the simulated node: its faults reach the
+    # canaries through the assembly (gpuwatchd/assemble.py).
+    code = (
+        "import importlib, pkgutil, sys, gpuwatchd.canary as c\n"
+        "for m in pkgutil.iter_modules(c.__path__):\n"
+        "    importlib.import_module('gpuwatchd.canary.' + m.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gpuwatchd.sim')))"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert imported.stdout.strip() == "[]"

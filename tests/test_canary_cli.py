@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
-from gpuwatchd.canary.cli import canary
 from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
+from gpuwatchd.cli import canary
 
 
 def scenario(

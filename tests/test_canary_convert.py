@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuwatchd.canary.backend import ThreadRun
+from gpuwatchd.canary.backend import HostOutput, ThreadRun
 from gpuwatchd.canary.convert import (
     ConvertInputs,
     convert,
@@ -45,9 +45,9 @@ class OneWrongWord(CpuBackend):
 
     def convert(self, inputs: ConvertInputs) -> ThreadRun:
         run = super().convert(inputs)
-        values: Any = run.values.copy()
+        values: Any = run.values.fetch().copy()
         values[37, 1] ^= np.uint32(1 << 3)
-        return ThreadRun(values=values, units=run.units)
+        return ThreadRun(values=HostOutput(values), units=run.units)
 
 
 def test_a_wrong_conversion_is_a_mismatch_at_its_threads_sm_and_lane() -> None:

@@ -10,18 +10,21 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from daemon_support import InlineExecutor
 from nvml_support import scenario
 
-from gpuwatchd.canary.cli import canary
+from gpuwatchd.assemble import build_canary
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import (
     WORKER_MODULE,
+    BurstOutcome,
     BurstRequest,
     pinned_environment,
     worker_environment,
@@ -35,6 +38,10 @@ from gpuwatchd.canary.spec import (
     CanarySpec,
 )
 from gpuwatchd.canary.wire import from_wire, to_wire
+from gpuwatchd.cli import canary
+from gpuwatchd.clock import Clock, FakeClock
+from gpuwatchd.config import Config
+from gpuwatchd.model import GpuSample
 from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.sim.gpu import SimulatedGpus
 
@@ -205,14 +212,15 @@ def test_under_the_units_read_only_file_system_every_canary_runs(tmp_path: Path)
 @needs_sandbox
 def test_under_the_unit_cupys_default_kernel_cache_stops_the_burst(tmp_path: Path) -> None:
     # What the worker did before its environment named a cache: CuPy's
-    # default ~/.cupy/kernel_cache cannot be created, the first kernel fails.
+    # default ~/.cupy/kernel_cache cannot be created, the first kernel (the
+    # first output's digest, on the device) fails.
     state = tmp_path / "state"
     state.mkdir()
     request = BurstRequest("cuda", SMALL_SUITE, gpu=0, uuid=UUID)
     environment = with_fake_cupy(worker_environment(request))
     del environment["CUPY_CACHE_IN_MEMORY"]
     results = run_worker(request, environment, sandboxed(state))
-    assert results[-1].canary == "int_chain_u32" and results[-1].result == "error"
+    assert results[-1].canary == "gemm_exact_fp16" and results[-1].result == "error"
     assert "Read-only file system" in (results[-1].message or "")
 
 
@@ -226,7 +234,9 @@ def test_the_worker_environment_is_pinned(monkeypatch: pytest.MonkeyPatch) -> No
     }.items():
         monkeypatch.setenv(name, value)
     cpu = BurstRequest("cpu", SMALL_SUITE[:1], cpu_cores=(0,))
-    gpu = BurstRequest("cuda", SMALL_SUITE[:1], gpu=1, uuid=UUID, kernel_cache="/var/lib/k")
+    gpu = BurstRequest(
+        "cuda", SMALL_SUITE[:1], gpu=1, uuid=UUID, kernel_cache="/var/lib/k", jit_cache="/var/lib/j"
+    )
     for request in (cpu, gpu):
         environment = worker_environment(request)
         assert not {"NVIDIA_TF32_OVERRIDE", "CUBLAS_WORKSPACE_CONFIG", "CUPY_TF32"} & set(
@@ -236,7 +246,36 @@ def test_the_worker_environment_is_pinned(monkeypatch: pytest.MonkeyPatch) -> No
     assert "CUDA_VISIBLE_DEVICES" not in worker_environment(cpu)
     assert worker_environment(gpu)["CUDA_VISIBLE_DEVICES"] == UUID
     assert worker_environment(gpu)["CUPY_CACHE_DIR"] == "/var/lib/k"
+    assert worker_environment(gpu)["CUDA_CACHE_PATH"] == "/var/lib/j"
     assert pinned_environment(None)["CUPY_CACHE_IN_MEMORY"] == "1"
+    assert "CUDA_CACHE_PATH" not in pinned_environment(None)
+
+
+def test_the_daemons_workers_keep_what_they_compile_in_the_state_directory(
+    tmp_path: Path,
+) -> None:
+    # CuPy's kernels and the driver's JIT of PTX (an NVRTC older than the
+    # GPU): the driver's default, ~/.nv/ComputeCache, is read-only under the unit.
+    requests: list[BurstRequest] = []
+
+    def record(request: BurstRequest, *, clock: Clock, **_: Any) -> BurstOutcome:
+        requests.append(request)
+        return BurstOutcome(request, (), clock.now(), clock.now())
+
+    config = Config()
+    config = replace(
+        config,
+        daemon=replace(config.daemon, state_dir=str(tmp_path)),
+        canary=replace(config.canary, backend="cuda", host_cores=False, aligned_window=0.0),
+    )
+    with FakeNvml(SimulatedGpus(scenario(gpus=1), start=0.0)):
+        agent = build_canary(config, FakeClock(), runner=record, executor=InlineExecutor())
+        assert agent is not None
+        agent.poll([GpuSample(index=0, up=True, uuid=UUID, utilization_gpu_ratio=0.0)])
+    [request] = requests
+    environment = worker_environment(request)
+    assert environment["CUPY_CACHE_DIR"] == str(tmp_path / "cupy-kernel-cache")
+    assert environment["CUDA_CACHE_PATH"] == str(tmp_path / "cuda-jit-cache")
 
 
 def test_a_node_with_gpus_and_no_cuda_backend_exits_2_and_says_why() -> None:

@@ -6,6 +6,9 @@ Why each canary is (or is not) meant to catch each class:
 - compute faults (lane, sm, consistent, intermittent, lsb) corrupt results:
   every exact GEMM and chain catches them against its known answer, and the
   full-mantissa GEMMs catch them by disagreeing with their sibling GPUs;
+  a flip of the last bit in the full-mantissa GEMMs alone (random_gemm_lsb:
+  the production path's own datapath, which no exact canary takes) only
+  they catch, bit for bit against their siblings;
 - data-triggered faults fire on negative values of magnitude 2 or more (the
   sign and top exponent bit set): the exact GEMMs produce such values only
   because of their sign patterns and power-of-two scales, the integer chain
@@ -27,10 +30,13 @@ Why each canary is (or is not) meant to catch each class:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 import pytest
+from daemon_support import simulated_daemon
 
+from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.cpu import CpuBackend
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
 from gpuwatchd.canary.faults import COMPUTE_MODES, MEMORY_MODES, FaultSpec
@@ -47,6 +53,7 @@ from gpuwatchd.canary.spec import (
     default_suite,
 )
 from gpuwatchd.canary.suite import RunContext, run_canary
+from gpuwatchd.config import Config
 
 SUITE = default_suite("cpu", seed=3, random_seed=1, hbm_bytes=1 << 20)
 EXACT_GEMMS = frozenset(f"gemm_exact_{dtype}" for dtype in EXACT_GEMM_DTYPES)
@@ -68,6 +75,7 @@ MEANT_TO_CATCH: Mapping[str, frozenset[str]] = {
     "consistent": COMPUTE,
     "intermittent": COMPUTE,  # on a hot GPU, where the fault fires on every call
     "lsb": COMPUTE - TRANSCENDENTALS,  # within the bound of an approximation
+    "random_gemm_lsb": RANDOM_GEMMS,
     # Negative integers have the trigger's top bits.
     "data": EXACT_GEMMS
     | RANDOM_GEMMS
@@ -119,10 +127,16 @@ def test_each_fault_class_is_caught_by_the_canaries_meant_to_catch_it(
     assert not missed, f"{mode} faults went unnoticed by {sorted(missed)}"
 
 
-# The re-run of a full-mantissa GEMM's digest mismatch (confirm.rerun_spec):
-# what it confirms, against an fp64 error bound. A flip within rounding
-# error (lsb) passes it: such a GPU is watched, never confirmed, by the
-# digest alone.
+def test_a_last_bit_wrong_in_the_full_mantissa_gemms_alone_only_their_digests_see(
+    sibling_results: list[CanaryResult],
+) -> None:
+    assert detected("random_gemm_lsb", sibling_results) == RANDOM_GEMMS
+
+
+# The re-run of a full-mantissa GEMM's digest mismatch (confirm.rerun_spec),
+# against its fp64 error bound alone: a flip within rounding error (lsb)
+# passes the bound, and only the re-run's digest, judged against the agreed
+# one (crosscheck), sees it (the daemon test at the end of this file).
 BOUNDED_CATCHES: Mapping[str, bool] = {
     "lane": True,
     "sm": True,
@@ -220,9 +234,10 @@ def gpu_burn_style_check(backend: FaultyBackend, spec: CanarySpec) -> bool:
     fmt = FORMATS[spec.dtype]
     m, k, n = spec.shape
     inputs = exact_gemm(fmt, (m, k, n), spec.seed)
-    first = backend.gemm(fmt, inputs.a, inputs.b).output
+    first = backend.gemm(fmt, inputs.a, inputs.b).output.fetch()
     return all(
-        np.array_equal(backend.gemm(fmt, inputs.a, inputs.b).output, first) for _ in range(5)
+        np.array_equal(backend.gemm(fmt, inputs.a, inputs.b).output.fetch(), first)
+        for _ in range(5)
     )
 
 
@@ -234,3 +249,25 @@ def test_a_self_comparison_misses_the_consistent_wrong_answer(
     assert gpu_burn_style_check(faulty, spec)  # the same wrong answer every time
     assert run_canary(faulty, spec, RunContext(gpu=1)).result == "mismatch"
     assert detected("consistent", sibling_results) >= RANDOM_GEMMS
+
+
+def test_a_gpu_whose_full_mantissa_gemms_are_wrong_in_the_last_bit_is_quarantined(
+    tmp_path: Path,
+) -> None:
+    # The fault no exact canary sees: its digests differ from the ones its
+    # siblings agree on, its re-run's again while the sibling's is the
+    # agreed one, bit for bit: confirmed, though within the fp64 bound.
+    scenario = (
+        "node: {gpus: 4, nvlinks: 4, hcas: 2}\n"
+        "faults: [{at: 10s, kind: sdc, gpu: 2, mode: random_gemm_lsb}]\n"
+    )
+    config = Config(canary=CanaryConfig(interval=60.0))
+    with simulated_daemon(scenario, tmp_path, config, canary=True) as sim:
+        snapshot = sim.run_until(300)
+    finding = next(f for f in snapshot.findings if f.code == "sdc_confirmed")
+    assert finding.subject == "gpu:2" and finding.definitive
+    assert str(finding.evidence["canary"]).startswith(("gemm_random_", "gemm_bounded_"))
+    assert {q.subject for q in snapshot.quarantines} == {"gpu:2", "node"}
+    assert snapshot.canary is not None
+    wrong = {c for target, c, outcome in snapshot.canary.runs if outcome == "mismatch"}
+    assert wrong and all(c.startswith(("gemm_random_", "gemm_bounded_")) for c in wrong)

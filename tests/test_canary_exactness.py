@@ -94,7 +94,7 @@ def test_generated_gemms_stay_within_the_bounds_and_are_bit_exact(
     assert np.all(gemm.a_int != 0) and np.all(gemm.b_int != 0)
     assert np.array_equal(quantize(fmt, gemm.a).astype(np.float64), gemm.a)
     assert np.array_equal(quantize(fmt, gemm.b).astype(np.float64), gemm.b)
-    output = backend.gemm(fmt, gemm.a, gemm.b).output
+    output = backend.gemm(fmt, gemm.a, gemm.b).output.fetch()
     assert bits_of(output) == bits_of(exact_reference(fmt, gemm))
 
 
@@ -115,7 +115,7 @@ def test_one_operand_just_past_the_input_bound_breaks_the_gemm(
     )
     b[kk, j] = 1
     exact = a @ b  # every |sum| stays far below 2^24: only the input rounding can differ
-    output = backend.gemm(fmt, a.astype(np.float64), b.astype(np.float64)).output
+    output = backend.gemm(fmt, a.astype(np.float64), b.astype(np.float64)).output.fetch()
     assert output[i, j] != exact[i, j]
 
 
@@ -140,7 +140,9 @@ def test_dot_products_are_exact_up_to_the_accumulator_bound_in_any_order(
             total = dtype(total + dtype(a[index]) * dtype(b[index]))
         assert int(total) == exact
     fmt = FORMATS["fp32" if accumulator == 24 else "fp64"]
-    output = backend.gemm(fmt, a.astype(np.float64)[None, :], b.astype(np.float64)[:, None]).output
+    output = backend.gemm(
+        fmt, a.astype(np.float64)[None, :], b.astype(np.float64)[:, None]
+    ).output.fetch()
     assert int(output[0, 0]) == exact
 
 
@@ -161,7 +163,9 @@ def test_dot_products_just_past_the_accumulator_bound_are_not_exact(
     exact = int(a @ b)
     assert exact > 2**accumulator and exact % 2 == 1
     fmt = FORMATS["fp32" if accumulator == 24 else "fp64"]
-    output = backend.gemm(fmt, a.astype(np.float64)[None, :], b.astype(np.float64)[:, None]).output
+    output = backend.gemm(
+        fmt, a.astype(np.float64)[None, :], b.astype(np.float64)[:, None]
+    ).output.fetch()
     assert int(output[0, 0]) != exact
 
 

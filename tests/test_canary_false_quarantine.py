@@ -17,7 +17,7 @@ from confirm_support import CONFIG, GPUS, H100, NODE, T0, answer, result
 from daemon_support import simulated_daemon
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import GemmRun
+from gpuwatchd.canary.backend import GemmRun, HostOutput
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.confirm import ConfirmState, Mismatch, Peers, findings, observe
 from gpuwatchd.canary.cpu import CpuBackend
@@ -34,7 +34,10 @@ from gpuwatchd.canary.suite import (
     ReferenceCache,
     RunContext,
     _known_answer,
+    cache_key,
     error_bound,
+    prepare_reference,
+    read_back,
     run_canary,
 )
 from gpuwatchd.canary.worker import run_in_process
@@ -61,10 +64,11 @@ def test_a_wrong_reference_from_a_bad_host_core_is_an_error_not_a_mismatch() -> 
     fmt = FORMATS["fp32"]
     right = exact_reference(fmt, exact_gemm(fmt, spec.shape, spec.seed))
     context = RunContext(ReferenceCache(), reference_cores=CORES)
+    known = prepare_reference(context, spec, lambda: mercurial(right, CORES[0]))
     with pytest.raises(HostReferenceError, match="host CPU fault"):
-        _known_answer(context, spec, right, lambda: mercurial(right, CORES[0]))
+        _known_answer(context, spec, read_back(HostOutput(right), known), known)
     # The GPU's output (right) matched nothing on record; nothing was cached.
-    assert context.cache.get("gemm_exact_fp32-32x32x32-seed1") is None
+    assert context.cache.get(cache_key(spec)) is None
 
 
 @two_cores
@@ -74,7 +78,9 @@ def test_a_device_mismatch_names_the_cores_its_reference_was_checked_on() -> Non
     right = exact_reference(fmt, exact_gemm(fmt, spec.shape, spec.seed))
     wrong = right.copy()
     wrong.reshape(-1).view(np.uint32)[5] ^= np.uint32(1)
-    known = _known_answer(RunContext(reference_cores=CORES), spec, wrong, lambda: right)
+    context = RunContext(reference_cores=CORES)
+    expected = prepare_reference(context, spec, lambda: right)
+    known = _known_answer(context, spec, read_back(HostOutput(wrong), expected), expected)
     assert known.comparison.count == 1
     assert known.note == f"reference checked on cores {CORES[0]}, {CORES[-1]}"
 
@@ -90,7 +96,8 @@ def test_the_host_core_under_test_never_computes_its_own_reference() -> None:
     output = right.copy()
     output.reshape(-1).view(np.uint32)[0] ^= np.uint32(1 << 20)
     context = RunContext(cpu_core=under_test, reference_cores=CORES)
-    known = _known_answer(context, spec, output, lambda: mercurial(right, under_test))
+    expected = prepare_reference(context, spec, lambda: mercurial(right, under_test))
+    known = _known_answer(context, spec, read_back(HostOutput(output), expected), expected)
     assert known.comparison.count == 1
 
 
@@ -106,8 +113,9 @@ class SignedZeros:
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         run = self._inner.gemm(fmt, a, b)
-        output = np.where(run.output == 0, -run.output.dtype.type(0), run.output)
-        return GemmRun(output=output.astype(run.output.dtype), seconds=run.seconds)
+        values = run.output.fetch()
+        output = np.where(values == 0, -values.dtype.type(0), values).astype(values.dtype)
+        return GemmRun(output=HostOutput(output), seconds=run.seconds)
 
 
 def test_a_negative_zero_from_an_exact_cancellation_is_the_right_answer() -> None:
@@ -117,7 +125,8 @@ def test_a_negative_zero_from_an_exact_cancellation_is_the_right_answer() -> Non
     reference = exact_reference(fmt, exact_gemm(fmt, spec.shape, spec.seed))
     assert (reference == 0).any()
     backend: Any = SignedZeros()
-    assert np.signbit(backend.gemm(fmt, *_operands(fmt, spec)).output[reference == 0]).all()
+    output = backend.gemm(fmt, *_operands(fmt, spec)).output.fetch()
+    assert np.signbit(output[reference == 0]).all()
     assert run_canary(backend, spec, RunContext()).result == "pass"
 
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuwatchd.canary import chains, convert, mma, sfu
+from gpuwatchd.canary import chains, convert, hashing, mma, sfu
 
 NVCC = shutil.which("nvcc")
 SOURCES = {
     "chains": chains.CUDA_SOURCE,
     "convert": convert.CUDA_SOURCE,
     "sfu": sfu.CUDA_SOURCE,
+    "hashing": hashing.CUDA_SOURCE,
     **{f"mma_{name}": mma.cuda_source(name) for name in mma.MMA_FORMATS},
 }
 # Ampere, Ada (the first with FP8 mma), Hopper; the FP8 kernel on Ampere is

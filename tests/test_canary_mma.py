@@ -17,7 +17,7 @@ from nvml_support import scenario
 
 from gpuwatchd.canary import mma
 from gpuwatchd.canary.agent import CanaryAgent
-from gpuwatchd.canary.backend import ThreadRun
+from gpuwatchd.canary.backend import HostOutput, ThreadRun
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.cpu import CpuBackend
 from gpuwatchd.canary.gemm import exact_gemm
@@ -81,6 +81,7 @@ def test_packing_and_unpacking_are_inverse() -> None:
     c = np.arange(48 * 24).reshape(48, 24)
     packed = mma.pack_c(c)
     assert packed.shape == (3 * 3 * 32, 4) and sorted(packed.ravel()) == list(range(48 * 24))
+    assert np.array_equal(mma.unpack_c(packed, 48, 24), c)
 
 
 def test_every_e4m3_code_decodes_and_every_normal_one_encodes_back() -> None:
@@ -99,10 +100,23 @@ def test_every_e4m3_code_decodes_and_every_normal_one_encodes_back() -> None:
 def test_every_fp8_dot_product_stays_within_the_accumulators_exact_range(seed: int) -> None:
     exact = exact_gemm(mma.E4M3_EXACT, (256, 32, 256), seed)
     sums = np.abs(exact.a_int) @ np.abs(exact.b_int)
-    assert sums.max() <= 2**mma.E4M3_SUM_BITS
     assert np.abs(exact.a_int).max() <= 16 and np.abs(exact.b_int).max() <= 16
     mma.e4m3_bits(exact.a)  # every operand a normal e4m3
     mma.e4m3_bits(exact.b)
+    # C as well, in units of each output's scale: the partial sums with it.
+    case = mma.mma_case("fp8_e4m3", (256, 32, 256), seed)
+    unit = np.ldexp(1.0, exact.row_scale[:, None] + exact.col_scale[None, :])
+    c_units = case.c / unit
+    assert (c_units == np.round(c_units)).all() and np.abs(c_units).max() > 0
+    assert (sums + np.abs(c_units)).max() <= 2**mma.E4M3_SUM_BITS
+
+
+@pytest.mark.parametrize("dtype", MMA_DTYPES)
+def test_the_tiles_take_a_nonzero_accumulator_input(dtype: str) -> None:
+    case = mma.mma_case(dtype, (128, 32, 128), 3)
+    assert (case.c != 0).mean() > 0.99 and (case.c < 0).any() and (case.c > 0).any()
+    product = case.a.astype(np.float64) @ case.b.astype(np.float64)
+    assert not np.array_equal(mma.mma_reference(case), mma.pack_c(product))
 
 
 def test_int8_operands_use_every_bit() -> None:
@@ -143,14 +157,26 @@ def test_a_packing_that_misreads_the_ptx_table_is_caught_by_the_fake(
     assert run_canary(cuda, spec, RunContext()).result == "mismatch"
 
 
+def test_an_accumulator_packing_that_misreads_the_ptx_table_is_caught_by_the_fake(
+    cuda: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows, cols = mma.c_positions()
+    # c1 and c2 swapped: the host packs C (and reads D) off the ISA's table.
+    order = [0, 2, 1, 3]
+    monkeypatch.setattr(mma, "c_positions", lambda: (rows[:, order], cols[:, order]))
+    spec = CanarySpec("mma", "int8", SHAPE, 4)
+    assert run_canary(CpuBackend(sm_count=132), spec, RunContext()).result == "pass"
+    assert run_canary(cuda, spec, RunContext()).result == "mismatch"
+
+
 class OneWrongAccumulator(CpuBackend):
     """Thread 300's third accumulator off by one bit: block 1, lane 12."""
 
     def mma(self, inputs: mma.MmaInputs) -> ThreadRun:
         run = super().mma(inputs)
-        values = run.values.copy()
+        values = run.values.fetch().copy()
         values.view(np.uint32)[300, 2] ^= 1 << 9
-        return ThreadRun(values=values, units=run.units)
+        return ThreadRun(values=HostOutput(values), units=run.units)
 
 
 @pytest.mark.parametrize("dtype", MMA_DTYPES)

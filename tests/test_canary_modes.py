@@ -10,7 +10,8 @@ import pytest
 from daemon_support import InlineExecutor
 from nvml_support import scenario
 
-from gpuwatchd.canary.agent import CanaryAgent, StandIn
+from gpuwatchd.canary.agent import CanaryAgent
+from gpuwatchd.canary.bursts import StandIn
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.export import families
 from gpuwatchd.canary.modes import GpuModes, read_modes, skip_reason

@@ -57,3 +57,16 @@ def test_an_unwritable_cache_costs_only_a_warning(
     result = run_canary(CpuBackend(), SPEC, RunContext(ReferenceCache(str(blocked))))
     assert result.result == "pass"
     assert "cannot cache a canary reference" in caplog.text
+
+
+def test_a_cold_reference_is_computed_while_preparing_before_the_device_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first burst of a seed: its references are the host's work of
+    # preparing, done before the worker opens the GPU, never while the
+    # GPU's memory (and a busy GPU's time) is held.
+    context = RunContext(ReferenceCache())
+    prepared = suite.prepare_canary(SPEC, context)
+    monkeypatch.setattr(suite, "exact_reference", no_reference)
+    assert suite.run_prepared(CpuBackend(), prepared, context).result == "pass"
+    assert context.cache.get(cache_key(SPEC)) is not None

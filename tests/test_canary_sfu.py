@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpuwatchd.canary import sfu
-from gpuwatchd.canary.backend import ThreadRun
+from gpuwatchd.canary.backend import HostOutput, ThreadRun
 from gpuwatchd.canary.cpu import CpuBackend
 from gpuwatchd.canary.spec import CanarySpec
 from gpuwatchd.canary.suite import RunContext, run_canary
@@ -54,9 +54,9 @@ class Moved(CpuBackend):
 
     def sfu(self, inputs: sfu.SfuInputs) -> ThreadRun:
         run = super().sfu(inputs)
-        values = run.values.copy()
+        values = run.values.fetch().copy()
         values.view(np.int32)[700, self._word] += self._ulps
-        return ThreadRun(values=values, units=run.units)
+        return ThreadRun(values=HostOutput(values), units=run.units)
 
 
 @pytest.mark.parametrize("word", range(sfu.WORDS_PER_THREAD))

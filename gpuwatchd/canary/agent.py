@@ -16,14 +16,13 @@ no longer enumerates a UUID forgets its history. Siblings and the software
 quorum are chosen among the GPUs of one model and SM count (peers.py).
 
 Holds the only mutable canary state of the daemon; every decision in it is
-made by the pure functions of schedule.py, crosscheck.py and confirm.py.
+made by the pure functions of schedule.py, crosscheck.py and confirm.py, and
+what each burst runs by bursts.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -34,6 +33,7 @@ from typing import Any, Protocol
 import pynvml
 
 from gpuwatchd.canary import schedule
+from gpuwatchd.canary.bursts import IN_MEMORY, BurstMaker, StandIn, WorkerCaches, no_faults
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.confirm import (
     ConfirmState,
@@ -45,7 +45,7 @@ from gpuwatchd.canary.confirm import (
     observe,
     observe_rerun,
 )
-from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
+from gpuwatchd.canary.crosscheck import crosscheck, read_book, write_book
 from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.modes import GpuModes, ModeReader, skip_reason
 from gpuwatchd.canary.peers import peer_groups
@@ -57,7 +57,7 @@ from gpuwatchd.canary.runner import (
     fail_on_xids,
     run_burst,
 )
-from gpuwatchd.canary.spec import BackendKind, CanarySpec, default_suite, host_suite
+from gpuwatchd.canary.spec import BackendKind, CanarySpec
 from gpuwatchd.canary.stats import CanaryStats
 from gpuwatchd.canary.wire import WireError, from_wire
 from gpuwatchd.clock import Clock
@@ -90,14 +90,6 @@ class MismatchLog(Protocol):
 
 
 @dataclass(frozen=True)
-class StandIn:
-    """A model of simulated GPU the CPU backend stands in for."""
-
-    model: str
-    sm_count: int
-
-
-@dataclass(frozen=True)
 class CanaryView:
     findings: tuple[Finding, ...]
     stats: CanaryStats
@@ -109,8 +101,9 @@ class _Job:
     rerun: Rerun | None
 
 
-def _no_faults(gpu: int) -> tuple[FaultSpec, ...]:
-    return ()
+def _index(target: str) -> int:
+    """The GPU index of `gpu:<index>` (or of its schedule key)."""
+    return int(target.split(":")[1])
 
 
 def idle(sample: GpuSample, config: CanaryConfig) -> bool:
@@ -128,12 +121,12 @@ class CanaryAgent:
         gpu_backend: BackendKind | None,
         host_cores: Collection[int] = (),
         stand_ins: Sequence[StandIn] = (),
-        faults: Callable[[int], tuple[FaultSpec, ...]] = _no_faults,
+        faults: Callable[[int], tuple[FaultSpec, ...]] = no_faults,
         digest_path: str | None = None,
         runner: BurstRunner = run_burst,
         executor: Executor | None = None,
         modes: ModeReader | None = None,
-        kernel_cache: str | None = None,
+        caches: WorkerCaches = IN_MEMORY,
     ) -> None:
         """`gpu_backend` checks the GPUs (None: no GPU canaries, see
         runner.choose_gpu_backend); `host_cores` are checked in turn when
@@ -143,19 +136,16 @@ class CanaryAgent:
         `digest_path` keeps the agreed full-mantissa digests across restarts;
         `runner` and `executor` are where bursts run (a worker process each,
         waited on by a thread pool); `modes` reads a GPU's modes before each
-        burst (None: not read, for tests without NVML); `kernel_cache` is
-        where CuPy keeps compiled kernels (None: in the worker's memory)."""
+        burst (None: not read, for tests without NVML); `caches` is where
+        a GPU burst's worker keeps compiled kernels (bursts.WorkerCaches)."""
         self._config = config
         self._clock = clock
         self._gpu_backend = gpu_backend
         self._cores = tuple(sorted(host_cores)) if config.host_cores else ()
-        self._stand_ins = {stand_in.model: stand_in for stand_in in stand_ins}
-        self._first_stand_in = stand_ins[0] if stand_ins else None
-        self._faults = faults
+        self._bursts_for = BurstMaker(config, gpu_backend, self._cores, stand_ins, faults, caches)
         self._digest_path = Path(digest_path) if digest_path else None
         self._runner = runner
         self._modes = modes
-        self._kernel_cache = kernel_cache
         self._unchecked: dict[int, tuple[str, float]] = {}
         # GPU index -> its compute capability, as last read with its modes.
         self._capabilities: dict[int, tuple[int, int]] = {}
@@ -178,7 +168,7 @@ class CanaryAgent:
         self._out_of_service: frozenset[str] = frozenset()
         self._schedule = schedule.ScheduleState()
         self._confirm = ConfirmState()
-        self._book = self._load_digests()
+        self._book = read_book(self._digest_path)
         self._stats = CanaryStats()
 
     def poll(
@@ -294,7 +284,7 @@ class CanaryAgent:
             outcome = fail_on_xids(job.future.result(), xid_events)
             book, results = crosscheck(self._book, outcome.results, quorum)
             if book.reference != self._book.reference:
-                self._save_digests(book)
+                write_book(self._digest_path, book)
             self._book = book
             self._stats = self._stats.add(results)
             self._learn_sm_counts(results)
@@ -319,7 +309,7 @@ class CanaryAgent:
             self._record(before.history)
             if self._confirm.rebaseline:
                 self._book = self._book.forget(self._confirm.rebaseline)
-                self._save_digests(self._book)
+                write_book(self._digest_path, self._book)
                 self._confirm = replace(self._confirm, rebaseline=frozenset())
             self._schedule = schedule.finished(
                 self._config, self._schedule, key, now, outcome.device_seconds
@@ -408,47 +398,12 @@ class CanaryAgent:
                 yield target, spec.name
 
     def _suite(self, key: str, seed: int, now: float) -> tuple[CanarySpec, ...]:
-        if key == schedule.HOST:
-            return host_suite(seed)
-        assert self._gpu_backend is not None
-        # The full-mantissa GEMMs' seed rotates with the wall-clock slot, the
-        # same on every GPU (and node) in it, so their digests can agree.
-        config = self._config
-        slot_seed = config.seed + int(now // config.interval) % config.seed_rotation
-        capability = self._capabilities.get(int(key.split(":")[1]))
-        return default_suite(self._gpu_backend, seed, slot_seed, config.hbm_bytes, capability)
+        capability = None if key == schedule.HOST else self._capabilities.get(_index(key))
+        return self._bursts_for.suite(key, seed, now, capability)
 
     def _request(self, target: str, specs: tuple[CanarySpec, ...]) -> BurstRequest:
-        config = self._config
-        kind, _, index = target.partition(":")
-        if kind != "gpu":
-            cores = (int(index),) if index else self._cores
-            return BurstRequest(
-                "cpu",
-                specs,
-                cpu_cores=cores,
-                reference_cache=config.reference_cache,
-                hbm_free_fraction=config.hbm_free_fraction,
-            )
-        assert self._gpu_backend is not None
-        gpu = int(index)
-        sample = self._samples.get(gpu)
-        stand_in = self._stand_ins.get((sample.name if sample else None) or "")
-        stand_in = stand_in or self._first_stand_in
-        return BurstRequest(
-            self._gpu_backend,
-            specs,
-            gpu=gpu,
-            uuid=sample.uuid if sample else None,
-            stand_in_model=stand_in.model if stand_in else None,
-            stand_in_sm_count=stand_in.sm_count if stand_in else None,
-            faults=self._faults(gpu),
-            temperature_celsius=sample.temperature_gpu_celsius if sample else None,
-            fault_draw=self._draws,
-            reference_cache=config.reference_cache,
-            hbm_free_fraction=config.hbm_free_fraction,
-            kernel_cache=self._kernel_cache,
-        )
+        sample = self._samples.get(_index(target)) if target.startswith("gpu:") else None
+        return self._bursts_for.request(target, specs, sample, self._draws)
 
     def _submit(self, key: str, request: BurstRequest, rerun: Rerun | None) -> None:
         self._draws += 1
@@ -479,28 +434,3 @@ class CanaryAgent:
                 backend=request.backend,
             )
             return BurstOutcome(request, (result,), started, self._clock.now())
-
-    def _load_digests(self) -> DigestBook:
-        if self._digest_path is None:
-            return DigestBook()
-        try:
-            return DigestBook.from_json(self._digest_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return DigestBook()
-        except (OSError, ValueError) as error:
-            log.warning("ignoring canary digests in %s: %s", self._digest_path, error)
-            return DigestBook()
-
-    def _save_digests(self, book: DigestBook) -> None:
-        if self._digest_path is None:
-            return
-        folder = self._digest_path.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                "w", dir=folder, delete=False, encoding="utf-8"
-            ) as handle:
-                handle.write(book.to_json())
-            os.replace(handle.name, self._digest_path)
-        except OSError as error:
-            log.warning("cannot keep canary digests in %s: %s", self._digest_path, error)

@@ -1,10 +1,17 @@
 """What a canary backend does, and how the worker gets one.
 
 A backend runs the suite's primitives on one device: a GEMM in a given input
-format, the two per-thread chains, and an HBM region for the pattern test.
-Everything else (inputs, references, comparison, evidence) is shared code in
-suite.py, so the CPU backend's tests cover the paths the CUDA backend takes.
-Outputs come back as host arrays; the HBM test compares on the device.
+format (of host operands, or of full-mantissa operands it makes itself from
+their key, hashing.py), the per-thread chains and kernels, and an HBM region
+for the pattern test. Everything else (inputs, references, comparison,
+evidence) is shared code in suite.py, so the CPU backend's tests cover the
+paths the CUDA backend takes.
+
+Outputs stay where the device computed them (`DeviceOutput`): their digest
+is computed there, and their values come to the host only when asked (a
+digest that differs from the known answer's). The backend counts the device
+time its calls took, copies included (`device_seconds`), and gives back the
+memory a canary held when told (`release`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from numpy.typing import NDArray
 from gpuwatchd.canary.chains import FmaChainInputs, IntChainInputs
 from gpuwatchd.canary.convert import ConvertInputs
 from gpuwatchd.canary.formats import NumberFormat
+from gpuwatchd.canary.hashing import digest_words
 from gpuwatchd.canary.memory import MemoryRegion
 from gpuwatchd.canary.mma import MmaInputs
 from gpuwatchd.canary.sfu import SfuInputs
@@ -39,27 +47,66 @@ class DeviceInfo:
     sm_count: int | None
 
 
+class DeviceOutput(Protocol):
+    """An output where the device keeps it."""
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def digest(self, signless_zero: bool = False) -> str:
+        """hashing.digest_words of the output, computed on the device."""
+        ...
+
+    def fetch(self) -> NDArray[Any]:
+        """The values, on the host."""
+        ...
+
+
+class HostOutput:
+    """An output that is already on the host (the CPU backend's)."""
+
+    def __init__(self, values: NDArray[Any]) -> None:
+        self.values = values
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.values.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+    def digest(self, signless_zero: bool = False) -> str:
+        return digest_words(self.values, signless_zero)
+
+    def fetch(self) -> NDArray[Any]:
+        return self.values
+
+
 @dataclass(frozen=True, eq=False)
 class GemmRun:
-    output: NDArray[Any]
+    output: DeviceOutput
     seconds: float  # the GEMM alone, without transfers
 
 
 @dataclass(frozen=True, eq=False)
 class BurnRun:
-    output: NDArray[Any]  # the first product
+    output: DeviceOutput  # the first product
     differing: int  # later products not bit-identical to the first
     seconds: float  # all of them, on the device
 
 
 @dataclass(frozen=True, eq=False)
 class ThreadRun:
-    values: NDArray[Any]  # (threads,) or (threads, words a thread)
+    values: DeviceOutput  # (threads,) or (threads, words a thread)
     units: NDArray[Any]  # (threads,) the SM (GPU) or core (CPU) that ran it; -1 unknown
 
     @property
     def words_per_thread(self) -> int:
-        return self.values.size // max(self.units.size, 1)
+        return int(np.prod(self.values.shape)) // max(self.units.size, 1)
 
     @property
     def element_units(self) -> NDArray[Any]:
@@ -76,11 +123,17 @@ class Backend(Protocol):
         `a` and `b` are float arrays of values representable in `fmt`."""
         ...
 
+    def random_gemm(self, fmt: NumberFormat, shape: tuple[int, int, int], seed: int) -> GemmRun:
+        """A @ B of the full-mantissa operands of (fmt, shape, seed), made on
+        the device (hashing.host_operand's bits)."""
+        ...
+
     def gemm_repeat(
-        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+        self, fmt: NumberFormat, shape: tuple[int, int, int], seed: int, repeats: int
     ) -> BurnRun:
-        """A @ B `repeats` times back to back on the device (one library
-        call sequence, so every product must be bit-identical to the first)."""
+        """random_gemm's product `repeats` times back to back on the device
+        (one library call sequence, so every product must be bit-identical
+        to the first)."""
         ...
 
     def int_chain(self, inputs: IntChainInputs) -> ThreadRun: ...
@@ -102,6 +155,16 @@ class Backend(Protocol):
     def memory(self, words: int) -> MemoryRegion: ...
 
     def free_memory_bytes(self) -> int | None: ...
+
+    def device_seconds(self) -> float:
+        """The device time of every call so far, measured on the device
+        (copies included) where the backend can: what the duty budget charges."""
+        ...
+
+    def release(self) -> int | None:
+        """Give back the memory the canary since the last release held; the
+        most it held (None where the backend cannot tell)."""
+        ...
 
 
 def open_backend(

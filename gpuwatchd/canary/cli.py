@@ -9,16 +9,17 @@ scenario, a canary that crashed or hung), 0 when everything passed.
 
 `--simulate SCENARIO` runs against a simulated node: the CPU backend stands
 in for each of its GPUs, and its `sdc` faults (all of them, whatever their
-`at`) corrupt the GPUs they name.
+`at`) corrupt the GPUs they name. The simulated node is the assembly's to
+describe (`canary_command`'s `simulated_node`, gpuwatchd/assemble.py): the
+canaries never read a scenario themselves.
 
 `--dcgm LEVEL` is the offline tier instead: DCGM's diagnostic on the chosen
-GPUs (gpuwatchd/dcgm/), exit 1 when a test failed and 2 when it could not
-run. Through `gpuwatchd`, which gives it its config and a way to the daemon
-or the state database (`DcgmHost`, in click's context), the run is recorded
-for `gpuwatchd report`.
+GPUs, exit 1 when a test failed and 2 when it could not run. The tier is the
+caller's to give (`canary_command`'s `dcgm_tier`: gpuwatchd/dcgm/tier.py,
+which records the run for `gpuwatchd report`).
 
-A standalone click command: `python -m gpuwatchd.canary.cli`, or a
-subcommand of `gpuwatchd` through `main.add_command(canary)`.
+A click command built by `canary_command`: a subcommand of `gpuwatchd`, or
+standalone, without `--simulate` and `--dcgm`, as `python -m gpuwatchd.canary.cli`.
 """
 
 from __future__ import annotations
@@ -31,34 +32,23 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import IO
+from typing import IO, NoReturn
 
 import click
 
-from gpuwatchd import dcgm
-from gpuwatchd.assemble import simulated_node
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.canary.crosscheck import DigestBook, crosscheck
-from gpuwatchd.canary.faults import sdc_faults
+from gpuwatchd.canary.faults import FaultSpec
 from gpuwatchd.canary.modes import NvmlCannotStart, compute_capability, nvml_gpus
 from gpuwatchd.canary.result import CanaryResult
 from gpuwatchd.canary.runner import BurstRequest, probe_cuda, run_burst
 from gpuwatchd.canary.spec import default_suite, host_suite, long_suite
 from gpuwatchd.canary.wire import to_wire
 from gpuwatchd.clock import SystemClock
-from gpuwatchd.config import STATE_DIR_ENV, Config, load_config
-from gpuwatchd.dcgm import DcgmRun
-from gpuwatchd.evidence import BoardIdentity
-from gpuwatchd.inventory import Inventory, read_inventory
-from gpuwatchd.settings import SettingsError
-from gpuwatchd.sim import scenario as scenarios
-from gpuwatchd.sim.gpu import spec_for
-from gpuwatchd.sim.scenario import ScenarioError
+from gpuwatchd.config import STATE_DIR_ENV
 from gpuwatchd.sources import PcieSourceConfig
 from gpuwatchd.sources.pcie import nvidia_gpus_on_bus
-from gpuwatchd.status import finding_json
 from gpuwatchd.units import parse_duration
 
 EXIT_PASS = 0
@@ -76,18 +66,37 @@ class CannotRun(click.ClickException):
     exit_code = EXIT_CANNOT_RUN
 
 
-# Where `gpuwatchd` leaves its DcgmHost in click's context meta.
-DCGM_HOST = "gpuwatchd.canary.dcgm_host"
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """One GPU of a simulated node, as the CPU backend stands in for it."""
+
+    model: str
+    sm_count: int
+    compute_capability: tuple[int, int] | None
+    faults: tuple[FaultSpec, ...]
+
+
+# A scenario's name or file -> its GPUs in index order; ValueError for a bad
+# scenario or a model with no simulated hardware.
+SimulatedNode = Callable[[str], Sequence[SimulatedGpu]]
 
 
 @dataclass(frozen=True)
-class DcgmHost:
-    """What the `gpuwatchd` command gives `canary --dcgm`: its config (the
-    file given, else the system's), and how a run is recorded (through the
-    daemon, else in the state database), with a line saying where."""
+class DcgmRequest:
+    """What `canary --dcgm` was asked: the level, the GPUs (N or all), a
+    scenario to run on, JSON output, and the config and state directory the
+    run is recorded through."""
 
-    load_config: Callable[[str | None], Config]
-    record: Callable[[Config, DcgmRun], str]
+    level: int
+    gpu: str
+    simulate: str | None
+    as_json: bool
+    config_path: str | None
+    state_dir: str | None
+
+
+# Runs the offline tier; its exit status.
+DcgmTier = Callable[[DcgmRequest], int]
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class Plan:
     no_gpu: str | None = None
 
 
-def _gpu_choice(value: str, available: Sequence[int]) -> list[int]:
+def gpu_choice(value: str, available: Sequence[int]) -> list[int]:
     if value == "all":
         return list(available)
     if not value.isdigit():
@@ -110,30 +119,30 @@ def _gpu_choice(value: str, available: Sequence[int]) -> list[int]:
     return [int(value)]
 
 
-def _simulated_plan(gpu: str, backend: str, name: str, config: CanaryConfig) -> Plan:
+def _simulated_plan(
+    gpu: str, backend: str, name: str, config: CanaryConfig, simulated_node: SimulatedNode
+) -> Plan:
     if backend == "cuda":
         raise CannotRun("a simulated node runs on the cpu backend, not cuda")
     try:
-        scenario = scenarios.load(name)
-        faults = sdc_faults(scenario)
-        specs = [spec_for(scenario.node.model_of(i)) for i in range(scenario.node.gpus)]
+        node = simulated_node(name)
     except ValueError as error:  # a bad scenario, a model with no simulated hardware
         raise CannotRun(str(error)) from error
     requests = []
-    for index in _gpu_choice(gpu, range(len(specs))):
-        spec = specs[index]
+    for index in gpu_choice(gpu, range(len(node))):
+        simulated = node[index]
         # The simulated model's capability: a simulated V100 runs no tensor-core tile.
         suite = default_suite(
-            "cpu", config.seed, config.seed, config.hbm_bytes, spec.compute_capability
+            "cpu", config.seed, config.seed, config.hbm_bytes, simulated.compute_capability
         )
         requests.append(
             BurstRequest(
                 "cpu",
                 suite,
                 gpu=index,
-                stand_in_model=spec.name,
-                stand_in_sm_count=spec.sm_count,
-                faults=faults.get(index, ()),
+                stand_in_model=simulated.model,
+                stand_in_sm_count=simulated.sm_count,
+                faults=simulated.faults,
             )
         )
     return Plan(tuple(requests), config.timeout)
@@ -199,7 +208,7 @@ def _node_plan(gpu: str, backend: str, config: CanaryConfig, sysfs_root: str) ->
             gpu=index,
             uuid=uuids[index],
         )
-        for index in _gpu_choice(gpu, sorted(uuids))
+        for index in gpu_choice(gpu, sorted(uuids))
     ]
     if gpu == "all":
         cores = tuple(sorted(os.sched_getaffinity(0)))
@@ -296,88 +305,115 @@ def exit_status(results: Sequence[CanaryResult]) -> int:
     return EXIT_PASS
 
 
-@click.command("canary")
-@click.option(
-    "--gpu",
-    "gpu",
-    default="all",
-    metavar="N|all",
-    show_default=True,
-    help="The GPU to check; `all` also checks the host's CPU cores.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="cuda (CuPy), cpu (the host's cores; a simulated node's GPUs), or auto.",
-)
-@click.option(
-    "--simulate",
-    metavar="SCENARIO",
-    help="Run on a simulated node: a built-in scenario name or a scenario file.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
-@click.option(
-    "--long",
-    "burn",
-    metavar="DURATION",
-    help="Burn-in or a maintenance window: instead of the suite, sustained full-power GEMMs "
-    "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
-    "stops at the first wrong answer.",
-)
-@click.option(
-    "--dcgm",
-    "dcgm_level",
-    type=click.IntRange(1, 4),
-    metavar="LEVEL",
-    help="Instead of the canaries: DCGM's diagnostic (dcgmi diag -r LEVEL, 1-4) on the chosen "
-    "GPUs, recorded for `gpuwatchd report`. It takes the GPUs: a Slurm epilog or a "
-    "maintenance window, not beside a job.",
-)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="With --dcgm: the config (canary.dcgm, and the daemon and state directory the run "
-    "is recorded through).",
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False),
-    envvar=STATE_DIR_ENV,
-    show_envvar=True,
-    help="With --dcgm: the state directory the run is recorded in when the daemon is not running.",
-)
-@click.option(
-    "--sysfs-root",
-    default=PcieSourceConfig().sysfs_root,
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Where the PCI bus is read to tell a node with GPUs when NVML cannot start.",
-)
-def canary(
+def canary_command(
+    simulated_node: SimulatedNode | None = None, dcgm_tier: DcgmTier | None = None
+) -> click.Command:
+    """The `canary` command; `simulated_node` describes the GPUs of a
+    scenario for `--simulate`, `dcgm_tier` runs `--dcgm` (None: neither here)."""
+
+    @click.command("canary")
+    @click.option(
+        "--gpu",
+        "gpu",
+        default="all",
+        metavar="N|all",
+        show_default=True,
+        help="The GPU to check; `all` also checks the host's CPU cores.",
+    )
+    @click.option(
+        "--backend",
+        type=click.Choice(["auto", "cuda", "cpu"]),
+        default="auto",
+        show_default=True,
+        help="cuda (CuPy), cpu (the host's cores; a simulated node's GPUs), or auto.",
+    )
+    @click.option(
+        "--simulate",
+        metavar="SCENARIO",
+        help="Run on a simulated node: a built-in scenario name or a scenario file.",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
+    @click.option(
+        "--long",
+        "burn",
+        metavar="DURATION",
+        help="Burn-in or a maintenance window: instead of the suite, sustained full-power GEMMs "
+        "of randomized inputs in every format for DURATION (e.g. 30m), a fresh seed each round; "
+        "stops at the first wrong answer.",
+    )
+    @click.option(
+        "--dcgm",
+        "dcgm_level",
+        type=click.IntRange(1, 4),
+        metavar="LEVEL",
+        help="Instead of the canaries: DCGM's diagnostic (dcgmi diag -r LEVEL, 1-4) on the "
+        "chosen GPUs, recorded for `gpuwatchd report`. It takes the GPUs: a Slurm epilog or a "
+        "maintenance window, not beside a job.",
+    )
+    @click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        help="With --dcgm: the config (canary.dcgm, and the daemon and state directory the "
+        "run is recorded through).",
+    )
+    @click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False),
+        envvar=STATE_DIR_ENV,
+        show_envvar=True,
+        help="With --dcgm: the state directory the run is recorded in when the daemon is not "
+        "running.",
+    )
+    @click.option(
+        "--sysfs-root",
+        default=PcieSourceConfig().sysfs_root,
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="Where the PCI bus is read to tell a node with GPUs when NVML cannot start.",
+    )
+    def canary(
+        gpu: str,
+        backend: str,
+        simulate: str | None,
+        as_json: bool,
+        burn: str | None,
+        dcgm_level: int | None,
+        config_path: str | None,
+        state_dir: str | None,
+        sysfs_root: str,
+    ) -> None:
+        """Run the known-answer canary suite once and report every result (or,
+        with --dcgm, DCGM's diagnostic)."""
+        if dcgm_level is None:
+            run_once(gpu, backend, simulate, as_json, burn, sysfs_root, simulated_node)
+        if burn is not None:
+            raise CannotRun("--dcgm and --long are two offline tiers: run one at a time")
+        if dcgm_tier is None:
+            raise CannotRun("--dcgm needs gpuwatchd: run it as `gpuwatchd canary --dcgm`")
+        request = DcgmRequest(dcgm_level, gpu, simulate, as_json, config_path, state_dir)
+        sys.exit(dcgm_tier(request))
+
+    return canary
+
+
+def run_once(
     gpu: str,
     backend: str,
     simulate: str | None,
     as_json: bool,
     burn: str | None,
-    dcgm_level: int | None,
-    config_path: str | None,
-    state_dir: str | None,
     sysfs_root: str,
-) -> None:
-    """Run the known-answer canary suite once and report every result (or,
-    with --dcgm, DCGM's diagnostic)."""
-    if dcgm_level is not None:
-        if burn is not None:
-            raise CannotRun("--dcgm and --long are two offline tiers: run one at a time")
-        sys.exit(_dcgm(dcgm_level, gpu, simulate, as_json, config_path, state_dir))
+    simulated_node: SimulatedNode | None,
+) -> NoReturn:
+    """The command's work; exits with the run's status."""
     config = CanaryConfig()
-    if simulate is not None:
-        plan = _simulated_plan(gpu, backend, simulate, config)
-    else:
+    if simulate is None:
         plan = _node_plan(gpu, backend, config, sysfs_root)
+    elif simulated_node is None:
+        raise CannotRun("--simulate needs the simulator: run it as `gpuwatchd canary --simulate`")
+    else:
+        plan = _simulated_plan(gpu, backend, simulate, config, simulated_node)
     if not plan.requests:
         raise CannotRun("nothing to run the canaries on")
     # Without --json the lines are the report (stdout); with it, progress
@@ -409,67 +445,5 @@ def _verdict(results: Sequence[CanaryResult]) -> str:
     )
 
 
-def _dcgm(
-    level: int,
-    gpu: str,
-    simulate: str | None,
-    as_json: bool,
-    config_path: str | None,
-    state_dir: str | None,
-) -> int:
-    """Run DCGM's diagnostic, say what it found, record it; the exit status."""
-    host: DcgmHost | None = click.get_current_context().meta.get(DCGM_HOST)
-    try:
-        config = host.load_config(config_path) if host is not None else load_config(config_path)
-    except SettingsError as error:
-        raise CannotRun(str(error)) from error
-    if state_dir is not None:
-        config = replace(config, daemon=replace(config.daemon, state_dir=state_dir))
-    clock = SystemClock()
-    with ExitStack() as stack:
-        nvml = config.sources.nvml
-        if simulate is not None:
-            try:
-                nvml = simulated_node(stack, config, clock, simulate)[0].sources.nvml
-            except ScenarioError as error:
-                raise CannotRun(str(error)) from error
-        boards = _dcgm_boards(gpu, read_inventory(clock, nvml))
-        run = dcgm.run_diagnostic(config.canary.dcgm, level, boards)
-    found = dcgm.findings(run)
-    if as_json:
-        document = {"run": to_wire(run), "findings": [finding_json(f) for f in found]}
-        click.echo(json.dumps(document, indent=1, sort_keys=True))
-    else:
-        for line in dcgm.describe(run):
-            click.echo(line)
-    _record(host, config, run)
-    return run.exit_code
-
-
-def _dcgm_boards(gpu: str, inventory: Inventory) -> list[BoardIdentity]:
-    if inventory.unavailable is not None:
-        raise CannotRun(
-            f"NVML shows no GPU ({inventory.unavailable}); DCGM's diagnostic runs on "
-            "NVML's GPUs, and a finding needs the board's UUID"
-        )
-    indices = _gpu_choice(gpu, [board.index for board in inventory.boards])
-    return [board for board in inventory.boards if board.index in indices]
-
-
-def _record(host: DcgmHost | None, config: Config, run: DcgmRun) -> None:
-    """Record the run for `gpuwatchd report`; a run that never started (no
-    dcgmi) says nothing of the boards and is not kept. Not being kept does
-    not change the verdict: that is said on stderr."""
-    if not run.started:
-        return
-    if host is None:
-        click.echo("not recorded: run it as `gpuwatchd canary --dcgm` to record it", err=True)
-        return
-    try:
-        click.echo(host.record(config, run), err=True)
-    except click.ClickException as error:
-        click.echo(f"warning: the DCGM run was not recorded: {error.message}", err=True)
-
-
 if __name__ == "__main__":
-    canary()
+    canary_command()()

@@ -7,11 +7,18 @@ Pure functions of the state, the results and the time the caller passes in.
   target of its peer group that is itself above doubt (the caller's
   `Peers`: the GPUs of one model and SM count, which compute every canary
   alike, or the host's cores; a GPU of another model can disagree for
-  reasons of its model's own). A full-mantissa GEMM's digest mismatch is
-  re-run as `gemm_bounded`: the same product judged element by element
-  against an fp64 reference and an error bound that holds for any
-  summation order, so a configuration that changes cuBLAS's algorithm never
-  counts as a wrong answer.
+  reasons of its model's own). A full-mantissa GEMM whose digest differs
+  from the one its peers agreed on is a lead like any other: GPUs of one
+  model, SM count, driver and library compute it bit for bit alike
+  (cuBLAS's reproducibility promise), so its re-runs are compared bit for
+  bit again, and a suspect whose product differs again while the sibling's
+  is the agreed one has computed wrong, in the lowest bit as in the
+  highest. The re-runs are `gemm_bounded`: the same product, digested, and
+  judged element by element against an fp64 reference and an error bound
+  that holds for any summation order. The bound is the software-fault
+  filter: a sibling whose product is outside it, or is not the agreed one
+  either, shows the library, the configuration or the agreed digest wrong,
+  not the suspect.
 - Reproduced on the suspect and not on the sibling: confirmed. A critical,
   definitive `sdc_confirmed` finding, action inspect_hardware, so policy
   quarantines the GPU (a hardware fault, never auto-released).
@@ -34,8 +41,8 @@ Pure functions of the state, the results and the time the caller passes in.
   driver or reference problem. A warning `canary_software_fault` on the
   node, nobody quarantined; mismatches of that canary are not leads while
   they keep coming (and for two intervals after the last). A full-mantissa
-  GEMM that is a software fault, or whose digest differs within the error
-  bound, has its agreed digest dropped (`rebaseline`): it is agreed afresh.
+  GEMM that is a software fault has its agreed digest dropped
+  (`rebaseline`): it is agreed afresh.
 
 The host's CPU cores go through the same steps as `cpu:<core>` targets,
 with the findings on the node (a core that computes wrong makes the whole
@@ -75,7 +82,8 @@ def board_of(target: str, uuid: str | None) -> str | None:
 
 def rerun_spec(spec: CanarySpec) -> CanarySpec:
     """How a mismatch is re-run: the same inputs; a full-mantissa GEMM's
-    digest mismatch against an fp64 reference and error bound instead."""
+    digest mismatch digested again and against an fp64 reference and error
+    bound too."""
     return replace(spec, kind="gemm_bounded") if spec.kind == "gemm_random" else spec
 
 
@@ -373,13 +381,6 @@ def _judge(state: ConfirmState, lead: Lead, now: float, config: CanaryConfig) ->
             assert lead.sibling is not None
             state = _software(state, evidence, (lead.suspect, lead.sibling), now, config)
             continue
-        if evidence.kind == "gemm_random" and mine == "pass":
-            # A different digest, yet within the error bound of an fp64
-            # reference: the algorithm changed (configuration), not the GPU.
-            state = replace(state, rebaseline=state.rebaseline | {evidence.canary})
-            continue
-        if evidence.kind == "gemm_random" and mine != "mismatch":
-            continue  # a digest alone is never evidence against a GPU
         entry = Mismatch(
             now,
             lead.suspect,

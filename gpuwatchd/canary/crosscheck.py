@@ -9,28 +9,41 @@ starts without an agreed digest: it is never a failure, and the first
 digest that a quorum of GPUs shares becomes the reference.
 
 This is what catches a consistent wrong answer on one GPU: checking a GPU
-against its own earlier result (as gpu-burn does) cannot.
+against its own earlier result (as gpu-burn does) cannot. The agreed
+digests are worth keeping across restarts: `read_book` and `write_book`
+keep them in a file of the state directory.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 
 from gpuwatchd.canary.result import CanaryResult
 
+log = logging.getLogger(__name__)
+
+# The generator of the operands and the digest (hashing.py): a new one starts
+# afresh rather than mismatching every GPU.
+INPUTS = "inputs 3"
+
 
 def scope(result: CanaryResult) -> str | None:
-    """What a digest is comparable within; None for results without one."""
+    """What a digest is comparable within; None for results without one. A
+    `gemm_bounded` re-run computes the very product of its `gemm_random`
+    on the same inputs: its digest is judged in that canary's scope."""
     if result.digest is None or result.environment is None:
         return None
     shape = "x".join(map(str, result.shape))
-    # `inputs 2`: the generator of the operands (gemm.random_gemm); a new
-    # one starts afresh rather than mismatching every GPU.
-    return f"{result.environment} | inputs 2 | {result.canary} {shape} seed {result.seed}"
+    canary = f"gemm_random_{result.dtype}" if result.kind == "gemm_bounded" else result.canary
+    return f"{result.environment} | {INPUTS} | {canary} {shape} seed {result.seed}"
 
 
 @dataclass(frozen=True)
@@ -106,3 +119,32 @@ def _judge(result: CanaryResult, reference: Mapping[str, str]) -> CanaryResult:
         mismatch_count=1,
         message=f"output digest {result.digest} differs from the agreed {agreed}",
     )
+
+
+def read_book(path: Path | None) -> DigestBook:
+    """The digests agreed before, from `path`; none when it is absent or
+    unreadable (said in the log)."""
+    if path is None:
+        return DigestBook()
+    try:
+        return DigestBook.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return DigestBook()
+    except (OSError, ValueError) as error:
+        log.warning("ignoring canary digests in %s: %s", path, error)
+        return DigestBook()
+
+
+def write_book(path: Path | None, book: DigestBook) -> None:
+    """Keep what `book` agreed on in `path`, replaced at once."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, delete=False, encoding="utf-8"
+        ) as handle:
+            handle.write(book.to_json())
+        os.replace(handle.name, path)
+    except OSError as error:
+        log.warning("cannot keep canary digests in %s: %s", path, error)

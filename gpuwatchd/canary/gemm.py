@@ -22,8 +22,9 @@ computes it exactly, in any order, in milliseconds.
 Full-mantissa GEMM: random operands using every significand bit; its result
 depends on the summation order (the library's algorithm), so it is judged by
 comparison across GPUs of one model and driver, not against a known answer.
-Its operands are built from random bit patterns (sign, an exponent in
-[-8, -1], every mantissa bit), which is fast enough to redo every burst.
+Its operands are random bit patterns (sign, an exponent in [-8, -1], every
+mantissa bit) made by counter from a key (hashing.py): the GPU makes them
+itself, the host the same ones for the CPU backend and the fp64 bound.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.formats import NumberFormat, quantize
+from gpuwatchd.canary.formats import NumberFormat
+from gpuwatchd.canary.hashing import host_operand
 
 _FORMAT_CODES = {"fp16": 1, "bf16": 2, "tf32": 3, "fp32": 4, "fp64": 5, "fp8_e4m3": 6}
 
@@ -116,32 +118,14 @@ def exact_reference(fmt: NumberFormat, gemm: ExactGemm) -> NDArray[np.floating[A
     return scaled.astype(fmt.output_dtype)
 
 
-def _random_operand(
-    rng: np.random.Generator, shape: tuple[int, int], wide: bool
-) -> NDArray[np.floating[Any]]:
-    """Random signs, exponents in [-8, -1] and every mantissa bit."""
-    if wide:
-        bits = rng.integers(0, (1 << 64) - 1, size=shape, dtype=np.uint64, endpoint=True)
-        exponent = (bits >> np.uint64(52)) % np.uint64(8) + np.uint64(1023 - 8)
-        pattern = bits & np.uint64((1 << 63) | ((1 << 52) - 1)) | exponent << np.uint64(52)
-        return pattern.view(np.float64)
-    words = rng.integers(0, 1 << 32, size=shape, dtype=np.uint32)
-    exponent32 = (words >> np.uint32(23)) % np.uint32(8) + np.uint32(127 - 8)
-    pattern32 = words & np.uint32((1 << 31) | ((1 << 23) - 1)) | exponent32 << np.uint32(23)
-    return pattern32.view(np.float32)
-
-
 def random_gemm(
     fmt: NumberFormat, shape: tuple[int, int, int], seed: int
 ) -> tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]]]:
-    """Operands with magnitudes in [2^-8, 1) that use every significand bit
-    of `fmt`, in float32 (float64 for fp64)."""
-    m, k, n = shape
-    rng = _rng(2, fmt, shape, seed)
-    wide = fmt.significand_bits > 24
-    a = _random_operand(rng, (m, k), wide)
-    b = _random_operand(rng, (k, n), wide)
-    return quantize(fmt, a), quantize(fmt, b)
+    """The full-mantissa operands, made on the host: magnitudes in
+    [2^-8, 1) that use every significand bit of `fmt`, in float16 (fp16),
+    float32 (bf16, tf32, fp32) or float64 (fp64)."""
+    a, b = (host_operand(fmt.name, shape, seed, operand) for operand in (0, 1))
+    return a, b
 
 
 def flop_count(shape: tuple[int, ...]) -> int:

@@ -1,9 +1,11 @@
 """A backend wrapper that corrupts results the way faulty hardware does.
 
 `FaultyBackend` runs the inner backend and then applies a `FaultSpec` to what
-comes back: compute faults rewrite output bits (per lane, per SM, at fixed
-positions, where the data matches a trigger, at random with a temperature
-dependent probability, in the lowest mantissa bit, or in the first few
+comes back (fetched to the host, so a CUDA backend's outputs leave the
+device here: simulation and tests only): compute faults rewrite output bits
+(per lane, per SM, at fixed positions, where the data matches a trigger, at
+random with a temperature dependent probability, in the lowest mantissa bit
+of every output or of the full-mantissa GEMMs' alone, or in the first few
 results of one burst), memory faults rewrite
 stored HBM words after every write (a stuck bit, two aliased addresses), and
 process faults hang, kill the worker or fail the call. Used by the tests and
@@ -26,6 +28,7 @@ from gpuwatchd.canary.backend import (
     BurnRun,
     DeviceInfo,
     GemmRun,
+    HostOutput,
     ThreadRun,
 )
 from gpuwatchd.canary.chains import LANES, THREADS_PER_BLOCK, FmaChainInputs, IntChainInputs
@@ -94,25 +97,32 @@ class FaultyBackend:
 
     def gemm(self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any]) -> GemmRun:
         self._process_fault()
-        run = self._inner.gemm(fmt, a, b)
-        return GemmRun(
-            output=self._corrupt(run.output, self._gemm_units(run.output)), seconds=run.seconds
-        )
+        return self._corrupt_gemm(self._inner.gemm(fmt, a, b), full_mantissa=False)
+
+    def random_gemm(self, fmt: NumberFormat, shape: tuple[int, int, int], seed: int) -> GemmRun:
+        self._process_fault()
+        return self._corrupt_gemm(self._inner.random_gemm(fmt, shape, seed), full_mantissa=True)
+
+    def _corrupt_gemm(self, run: GemmRun, full_mantissa: bool) -> GemmRun:
+        output = run.output.fetch()
+        corrupted = self._corrupt(output, self._gemm_units(output), full_mantissa)
+        return GemmRun(output=HostOutput(corrupted), seconds=run.seconds)
 
     def gemm_repeat(
-        self, fmt: NumberFormat, a: NDArray[Any], b: NDArray[Any], repeats: int
+        self, fmt: NumberFormat, shape: tuple[int, int, int], seed: int, repeats: int
     ) -> BurnRun:
         self._process_fault()
-        run = self._inner.gemm_repeat(fmt, a, b, repeats)
-        units = self._gemm_units(run.output)
-        first = self._corrupt(run.output, units)
+        run = self._inner.gemm_repeat(fmt, shape, seed, repeats)
+        output = run.output.fetch()
+        units = self._gemm_units(output)
+        first = self._corrupt(output, units, full_mantissa=True)
         # Every product is corrupted afresh: a consistent fault the same way
         # each time, an intermittent one by its own draw.
         differing = sum(
-            not np.array_equal(as_bits(self._corrupt(run.output, units)), as_bits(first))
+            not np.array_equal(as_bits(self._corrupt(output, units, True)), as_bits(first))
             for _ in range(repeats - 1)
         )
-        return BurnRun(output=first, differing=run.differing + differing, seconds=run.seconds)
+        return BurnRun(HostOutput(first), run.differing + differing, run.seconds)
 
     def _gemm_units(self, output: NDArray[Any]) -> NDArray[Any]:
         """The SM each output element is taken to come from (blocks in turn)."""
@@ -140,7 +150,8 @@ class FaultyBackend:
         return self._corrupt_threads(self._inner.mma(inputs))
 
     def _corrupt_threads(self, run: ThreadRun) -> ThreadRun:
-        return ThreadRun(values=self._corrupt(run.values, run.element_units), units=run.units)
+        values = self._corrupt(run.values.fetch(), run.element_units, full_mantissa=False)
+        return ThreadRun(values=HostOutput(values), units=run.units)
 
     def memory(self, words: int) -> MemoryRegion:
         self._process_fault()
@@ -151,6 +162,12 @@ class FaultyBackend:
 
     def free_memory_bytes(self) -> int | None:
         return self._inner.free_memory_bytes()
+
+    def device_seconds(self) -> float:
+        return self._inner.device_seconds()
+
+    def release(self) -> int | None:
+        return self._inner.release()
 
     def _process_fault(self) -> None:
         mode = self._fault.mode
@@ -165,7 +182,11 @@ class FaultyBackend:
         """The same positions for the same seed and output size, every run."""
         return np.random.default_rng([self._fault.seed, size])
 
-    def _corrupt(self, values: NDArray[Any], units: NDArray[Any]) -> NDArray[Any]:
+    def _corrupt(
+        self, values: NDArray[Any], units: NDArray[Any], full_mantissa: bool
+    ) -> NDArray[Any]:
+        """`values` as the fault leaves them; `full_mantissa`: they are a
+        full-mantissa GEMM's (the only outputs `random_gemm_lsb` spoils)."""
         output = np.array(values, copy=True)
         bits = as_bits(output).reshape(-1)
         width = bits.dtype.itemsize * 8
@@ -184,7 +205,7 @@ class FaultyBackend:
         elif mode == "intermittent":
             if self._random.random() < intermittent_probability(self._temperature):
                 bits[self._random.integers(bits.size)] ^= mask
-        elif mode == "lsb":
+        elif mode == "lsb" or (mode == "random_gemm_lsb" and full_mantissa):
             bits[self._positions(bits.size).integers(bits.size)] ^= bits.dtype.type(1)
         elif mode == "once" and self._once_left > 0:
             self._once_left -= 1
@@ -219,6 +240,9 @@ class FaultyRegion:
 
     def verify(self, pattern: Pattern, start: int, stop: int) -> Comparison:
         return self._inner.verify(pattern, start, stop)
+
+    def agrees(self, pattern: Pattern, start: int, stop: int) -> bool:
+        return self._inner.agrees(pattern, start, stop)
 
     def peek(self, index: int) -> int:
         return self._inner.peek(index)

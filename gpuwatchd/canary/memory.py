@@ -15,12 +15,17 @@ it over any array module with NumPy's interface, so the same code runs on a
 CuPy device buffer (the work stays on the GPU; only mismatching words come
 back) and on a NumPy host buffer. Sweeps go chunk by chunk: each chunk is one
 vectorised read-verify-write, and the chunk order keeps the up and down
-directions.
+directions. A read first asks only whether the words agree (one count on the
+device, a one-byte temporary a word); the words that differ are found only
+when some do. Every call is a round trip of the host's (a launch and a
+sync), so a constant pattern is written and checked over the whole region at
+once: walking ones takes 128 of them, not thousands.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any, Literal, Protocol
@@ -51,6 +56,10 @@ class MemoryRegion(Protocol):
     def fill(self, pattern: Pattern, start: int, stop: int) -> None: ...
 
     def verify(self, pattern: Pattern, start: int, stop: int) -> Comparison: ...
+
+    def agrees(self, pattern: Pattern, start: int, stop: int) -> bool:
+        """Whether every word of [start, stop) holds the pattern."""
+        ...
 
     def peek(self, index: int) -> int:
         """One word as stored (fault injection reads and rewrites cells)."""
@@ -87,6 +96,12 @@ class ArrayRegion:
         expected = self._expected(pattern, start, stop)
         return compare_bits(self._xp, self._buffer[start:stop], expected, self._to_host, start)
 
+    def agrees(self, pattern: Pattern, start: int, stop: int) -> bool:
+        expected = self._expected(pattern, start, stop)
+        if isinstance(expected, int):
+            expected = self._word(expected)
+        return int(self._xp.count_nonzero(self._buffer[start:stop] != expected)) == 0
+
     def peek(self, index: int) -> int:
         return int(self._buffer[index])
 
@@ -99,35 +114,84 @@ class ArrayRegion:
         return self._xp.uint64(value)
 
 
+class TimedRegion:
+    """A region whose every call is device time, measured by `timed` (a
+    backend's timer: CUDA events, or the host's clock)."""
+
+    def __init__(
+        self, inner: MemoryRegion, timed: Callable[[], AbstractContextManager[None]]
+    ) -> None:
+        self._inner = inner
+        self._timed = timed
+
+    @property
+    def words(self) -> int:
+        return self._inner.words
+
+    def fill(self, pattern: Pattern, start: int, stop: int) -> None:
+        with self._timed():
+            self._inner.fill(pattern, start, stop)
+
+    def verify(self, pattern: Pattern, start: int, stop: int) -> Comparison:
+        with self._timed():
+            return self._inner.verify(pattern, start, stop)
+
+    def agrees(self, pattern: Pattern, start: int, stop: int) -> bool:
+        with self._timed():
+            return self._inner.agrees(pattern, start, stop)
+
+    def peek(self, index: int) -> int:
+        with self._timed():
+            return self._inner.peek(index)
+
+    def poke(self, index: int, value: int) -> None:
+        with self._timed():
+            self._inner.poke(index, value)
+
+
 def _chunks(words: int) -> list[tuple[int, int]]:
     size = max(1, -(-words // SWEEP_CHUNKS))
     return [(start, min(start + size, words)) for start in range(0, words, size)]
 
 
-def _fill_and_verify(
-    region: MemoryRegion, patterns: tuple[Pattern, ...], chunks: list[tuple[int, int]]
-) -> Comparison:
+def _read(region: MemoryRegion, pattern: Pattern, start: int, stop: int) -> Comparison:
+    """The words of [start, stop) against the pattern: one count on the
+    device when they agree; the mismatching words, chunk by chunk, when not
+    (comparing a whole region at once takes a temporary as big as it)."""
+    if region.agrees(pattern, start, stop):
+        return Comparison(width=64)
+    result = Comparison(width=64)
+    for first, last in _chunks(stop - start):
+        result = result.merge(region.verify(pattern, start + first, start + last))
+    return result
+
+
+def _spans(region: MemoryRegion, pattern: Pattern) -> list[tuple[int, int]]:
+    """How a pattern is written and read: a constant one over the whole
+    region at once; an address pattern chunk by chunk (its words are
+    computed, and a region-sized temporary would double the memory taken)."""
+    if pattern.kind == "constant":
+        return [(0, region.words)]
+    return _chunks(region.words)
+
+
+def _fill_and_verify(region: MemoryRegion, patterns: tuple[Pattern, ...]) -> Comparison:
     result = Comparison(width=64)
     for pattern in patterns:
-        for start, stop in chunks:
+        spans = _spans(region, pattern)
+        for start, stop in spans:
             region.fill(pattern, start, stop)
-        for start, stop in chunks:
-            result = result.merge(region.verify(pattern, start, stop))
+        for start, stop in spans:
+            result = result.merge(_read(region, pattern, start, stop))
     return result
 
 
 def walking_ones(region: MemoryRegion) -> Comparison:
-    patterns = tuple(Pattern("constant", 1 << bit) for bit in range(64))
-    # In chunks: verifying a whole region at once takes a temporary as big
-    # as the region (the XOR) on the device.
-    return _fill_and_verify(region, patterns, _chunks(region.words))
+    return _fill_and_verify(region, tuple(Pattern("constant", 1 << bit) for bit in range(64)))
 
 
 def own_address(region: MemoryRegion) -> Comparison:
-    # Chunk by chunk: an address pattern is computed, and a buffer-sized
-    # temporary would double the memory the test takes.
-    patterns = (Pattern("address", 0), Pattern("address", ALL_ONES))
-    return _fill_and_verify(region, patterns, _chunks(region.words))
+    return _fill_and_verify(region, (Pattern("address", 0), Pattern("address", ALL_ONES)))
 
 
 def moving_inversions(region: MemoryRegion) -> Comparison:
@@ -138,7 +202,7 @@ def moving_inversions(region: MemoryRegion) -> Comparison:
         sweeps = ((base, base.inverted(), chunks), (base.inverted(), base, chunks[::-1]))
         for read, write, order in sweeps:
             for start, stop in order:
-                result = result.merge(region.verify(read, start, stop))
+                result = result.merge(_read(region, read, start, stop))
                 region.fill(write, start, stop)
     return result
 

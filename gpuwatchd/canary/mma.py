@@ -6,16 +6,19 @@ but cublasGemmEx takes no FP8 operand and chooses for itself whether an
 INT8 product runs on the tensor cores at all. These canaries issue the
 instruction themselves: every warp computes one 16 x 8 tile of A @ B with
 one `mma.sync.aligned.m16n8k32.row.col` (PTX ISA 9.7.14.5, "Matrix
-Fragments for mma.m16n8k32"):
+Fragments for mma.m16n8k32"), D = A * B + C with a nonzero C, so the
+accumulator input is exercised with data too:
 - int8: `.s32.s8.s8.s32` (sm_80 and later). Operands are any int8 (every
-  bit, both signs); a dot product of 32 of them is an exact int32.
+  bit, both signs); a dot product of 32 of them is within 2^19, C any
+  integer within 2^24: every D is an exact int32.
 - fp8_e4m3: `.f32.e4m3.e4m3.f32` (sm_89 and later; PTX ISA 8.4, CUDA 12.4).
   Operands are integers of at most 4 significant bits (e4m3's whole
   significand) scaled by powers of two per row and column, like the exact
   GEMMs. The FP8 tensor cores' accumulator is narrower than fp32: about 14
   bits are kept (DeepSeek-V3 technical report, section 3.3.2, measured on
-  H800). Every dot product is held to 2^11 (`E4M3_SUM_BITS`), so each
-  partial sum is an integer of at most 12 bits and exact in any order.
+  H800). Every dot product is held to 2^10 and C to 2^10 in units of the
+  output's scale, so every partial sum, C included, is an integer of at
+  most 12 bits (`E4M3_SUM_BITS`: within 2^11) and exact in any order.
 
 The host does all the layout work: it packs each warp's A and B fragments
 lane by lane in the register order the PTX ISA gives, and unpacks the
@@ -58,9 +61,14 @@ WORDS_PER_THREAD = C_WORDS
 E4M3_BIAS = 7
 E4M3_MANTISSA_BITS = 3
 E4M3_SUM_BITS = 11
-# Significand of 4 bits, dot products within 2^11, scales that keep every
-# operand a normal e4m3 (at least 2^-6) at most 2^4 * 16 = 256 < 448.
-E4M3_EXACT = NumberFormat("fp8_e4m3", 4, E4M3_SUM_BITS, -6, 4)
+# Significand of 4 bits, dot products within 2^10 (C takes the other half of
+# 2^11), scales that keep every operand a normal e4m3 (at least 2^-6) at
+# most 2^4 * 16 = 256 < 448.
+E4M3_EXACT = NumberFormat("fp8_e4m3", 4, E4M3_SUM_BITS - 1, -6, 4)
+# |C| bounds, in units of the output's scale: int8's products stay within
+# 32 * 2^14 = 2^19, so C within 2^24 keeps every int32 sum exact.
+INT8_C_BITS = 24
+E4M3_C_BITS = E4M3_SUM_BITS - 1
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,14 @@ MMA_FORMATS: Mapping[str, MmaFormat] = MappingProxyType(
 @dataclass(frozen=True, eq=False)
 class MmaInputs:
     """One canary's operands, packed for the warps: `a` (m/16, 32 lanes, 4
-    words) and `b` (n/8, 32 lanes, 2 words) of packed 8-bit elements; warp w
-    computes output tile (w // tiles_n, w % tiles_n)."""
+    words) and `b` (n/8, 32 lanes, 2 words) of packed 8-bit elements, `c`
+    (threads, 4) each thread's accumulator inputs in the output's type; warp
+    w computes output tile (w // tiles_n, w % tiles_n)."""
 
     fmt: MmaFormat
     a: NDArray[np.uint32]
     b: NDArray[np.uint32]
+    c: NDArray[Any]
 
     @property
     def tiles_n(self) -> int:
@@ -185,6 +195,14 @@ def pack_c(c: NDArray[Any]) -> NDArray[Any]:
     return np.ascontiguousarray(tiles[:, :, rows, cols]).reshape(-1, C_WORDS)
 
 
+def unpack_c(values: NDArray[Any], m: int, n: int) -> NDArray[Any]:
+    """(m/16 * n/8 * 32, 4) accumulators -> the (m, n) matrix: pack_c's inverse."""
+    rows, cols = c_positions()
+    tiles = np.empty((m // TILE_M, n // TILE_N, TILE_M, TILE_N), dtype=values.dtype)
+    tiles[:, :, rows, cols] = values.reshape(m // TILE_M, n // TILE_N, LANES, C_WORDS)
+    return tiles.transpose(0, 2, 1, 3).reshape(m, n)
+
+
 # --- e4m3 ---------------------------------------------------------------------------
 
 
@@ -230,6 +248,7 @@ class MmaCase:
     inputs: MmaInputs
     a: NDArray[Any]  # (m, 32) exact values: int64 or float64
     b: NDArray[Any]  # (32, n)
+    c: NDArray[Any]  # (m, n) the accumulator input
 
 
 def _check_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -239,28 +258,41 @@ def _check_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
     return m, k, n
 
 
+def _accumulator(
+    rng: np.random.Generator, shape: tuple[int, int], bits: int, unit: NDArray[np.float64] | None
+) -> NDArray[np.float64]:
+    """C: integers within 2^bits, random signs, in units of `unit` (the
+    output's power-of-two scale; 1 when None)."""
+    c = rng.integers(-(1 << bits), 1 << bits, size=shape, endpoint=True).astype(np.float64)
+    return c if unit is None else c * unit
+
+
 def mma_case(name: str, shape: tuple[int, ...], seed: int) -> MmaCase:
     fmt = MMA_FORMATS[name]
     m, k, n = _check_shape(shape)
     a: NDArray[Any]
     b: NDArray[Any]
+    rng = np.random.default_rng([9, m, n, seed])
     if name == "int8":
-        rng = np.random.default_rng([9, m, n, seed])
         a = rng.integers(-128, 128, size=(m, k), dtype=np.int64)
         b = rng.integers(-128, 128, size=(k, n), dtype=np.int64)
         a_bytes, b_bytes = a.astype(np.int8).view(np.uint8), b.astype(np.int8).view(np.uint8)
+        c = _accumulator(rng, (m, n), INT8_C_BITS, None)
     else:
         exact: ExactGemm = exact_gemm(E4M3_EXACT, (m, k, n), seed)
         a, b = exact.a, exact.b
         a_bytes, b_bytes = e4m3_bits(a), e4m3_bits(b)
-    return MmaCase(MmaInputs(fmt, pack_a(a_bytes), pack_b(b_bytes)), a, b)
+        unit = np.ldexp(1.0, exact.row_scale[:, None] + exact.col_scale[None, :])
+        c = _accumulator(rng, (m, n), E4M3_C_BITS, unit)
+    packed_c = pack_c(c.astype(fmt.output))
+    return MmaCase(MmaInputs(fmt, pack_a(a_bytes), pack_b(b_bytes), packed_c), a, b, c)
 
 
 def mma_reference(case: MmaCase) -> NDArray[Any]:
-    """The exact product, each thread's four accumulators: (threads, 4).
-    float64 is exact for both: int8 sums stay within 2^19, fp8 within
+    """The exact D = A * B + C, each thread's four accumulators: (threads,
+    4). float64 is exact for both: int8 sums stay within 2^25, fp8 within
     E4M3_SUM_BITS."""
-    product = case.a.astype(np.float64) @ case.b.astype(np.float64)
+    product = case.a.astype(np.float64) @ case.b.astype(np.float64) + case.c
     return pack_c(product.astype(case.inputs.fmt.output))
 
 
@@ -273,7 +305,8 @@ def mma(inputs: MmaInputs) -> NDArray[Any]:
         b = b_bytes.view(np.int8).astype(np.float64)
     else:
         a, b = e4m3_values(a_bytes), e4m3_values(b_bytes)
-    return pack_c((a @ b).astype(inputs.fmt.output))
+    accumulators = pack_c(a @ b) + inputs.c.astype(np.float64)
+    return accumulators.astype(inputs.fmt.output)
 
 
 # One module per format: a toolkit whose PTX has no FP8 `mma` (before CUDA
@@ -282,14 +315,15 @@ def mma(inputs: MmaInputs) -> NDArray[Any]:
 # canary only where the compute capability has it.
 _KERNEL = """
 extern "C" __global__ void mma_{name}(
-    const unsigned int* a, const unsigned int* b, int tiles_n, int warps,
-    {out_type}* out, unsigned int* sm_start, unsigned int* sm_end) {{
+    const unsigned int* a, const unsigned int* b, const {out_type}* c, int tiles_n,
+    int warps, {out_type}* out, unsigned int* sm_start, unsigned int* sm_end) {{
   int thread = blockIdx.x * blockDim.x + threadIdx.x;
   int warp = thread >> 5;
   // Whole warps leave together: mma.sync needs every lane of its warp.
   if (warp >= warps) return;
   sm_start[thread] = smid();
-  {out_type} d0, d1, d2, d3, zero = 0;
+  {out_type} d0, d1, d2, d3;
+  const {out_type}* fc = c + thread * 4;
 #if __CUDA_ARCH__ >= {arch}
   int lane = thread & 31;
   const unsigned int* fa = a + ((warp / tiles_n) * 32 + lane) * 4;
@@ -299,10 +333,10 @@ extern "C" __global__ void mma_{name}(
       "{{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%10, %11, %12, %13}};"
       : "={reg}"(d0), "={reg}"(d1), "={reg}"(d2), "={reg}"(d3)
       : "r"(fa[0]), "r"(fa[1]), "r"(fa[2]), "r"(fa[3]), "r"(fb[0]), "r"(fb[1]),
-        "{reg}"(zero), "{reg}"(zero), "{reg}"(zero), "{reg}"(zero));
+        "{reg}"(fc[0]), "{reg}"(fc[1]), "{reg}"(fc[2]), "{reg}"(fc[3]));
 #else
   asm volatile("trap;");
-  d0 = d1 = d2 = d3 = zero;
+  d0 = fc[0]; d1 = fc[1]; d2 = fc[2]; d3 = fc[3];
 #endif
   out[thread * 4] = d0;
   out[thread * 4 + 1] = d1;
@@ -313,14 +347,22 @@ extern "C" __global__ void mma_{name}(
 """
 
 
-def cuda_source(name: str) -> str:
-    fmt = MMA_FORMATS[name]
-    major, minor = fmt.capability
-    integer = fmt.output == np.int32
+def tile_source(
+    name: str, ptx_types: str, output: type[np.generic], capability: tuple[int, int]
+) -> str:
+    """The tile kernel `mma_<name>` for an m16n8k32 form with 8-bit operands
+    (the canaries' formats, or another the device check probes)."""
+    major, minor = capability
+    integer = output == np.int32
     return SMID_SOURCE + _KERNEL.format(
         name=name,
         out_type="int" if integer else "float",
         reg="r" if integer else "f",
         arch=major * 100 + minor * 10,
-        ptx_types=fmt.ptx_types,
+        ptx_types=ptx_types,
     )
+
+
+def cuda_source(name: str) -> str:
+    fmt = MMA_FORMATS[name]
+    return tile_source(name, fmt.ptx_types, fmt.output, fmt.capability)

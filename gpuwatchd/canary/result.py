@@ -67,14 +67,19 @@ class CanaryResult:
     # a simulated GPU's): with the model, which GPUs compute alike
     # (peers.py). None on the host's cores and for a canary that never ran.
     sm_count: int | None = None
-    digest: str | None = None  # sha256 of the output (full-mantissa GEMM)
+    digest: str | None = None  # hashing.digest_words of the output (full-mantissa GEMMs)
     environment: str | None = None  # model, driver and library versions of the digest
     temperature_celsius: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     message: str | None = None  # why it did not pass: the error, the timeout, the digest
-    # Device time measured with events (GEMMs); None where the backend cannot.
+    # The device time of the canary's calls, copies included (CUDA events on
+    # a GPU, the computations' time on the CPU backend); None for a canary
+    # that did not finish.
     device_seconds: float | None = None
+    # The most device memory the canary held (CuPy's pool); None where the
+    # backend cannot tell.
+    device_memory_bytes: int | None = None
 
     @property
     def target(self) -> str:

@@ -100,6 +100,10 @@ class BurstRequest:
     # directory, the only place the systemd unit lets the daemon write;
     # None keeps them in the worker's memory (CUPY_CACHE_IN_MEMORY).
     kernel_cache: str | None = None
+    # Where the driver keeps the kernels it compiles from PTX (CUDA_CACHE_PATH;
+    # its default, ~/.nv/ComputeCache, is read-only under the unit), when
+    # NVRTC is older than the GPU; None: the driver's default.
+    jit_cache: str | None = None
 
     def __post_init__(self) -> None:
         if not self.specs:
@@ -118,15 +122,22 @@ class BurstOutcome:
     @property
     def device_seconds(self) -> float:
         """What the canaries took of the device (the duty budget counts this):
-        event-measured device time where the backend measured it, else the
-        canary's whole duration."""
+        the device time of each canary's calls, copies included, and the
+        whole duration of one that did not finish (timed out, crashed)."""
         return sum(
             result.duration_seconds if result.device_seconds is None else result.device_seconds
             for result in self.results
         )
 
+    @property
+    def device_memory_bytes(self) -> int | None:
+        """The most device memory a canary of the burst held (each gives its
+        memory back as it ends); None where the backend cannot tell."""
+        held = [r.device_memory_bytes for r in self.results if r.device_memory_bytes is not None]
+        return max(held) if held else None
 
-def pinned_environment(kernel_cache: str | None) -> dict[str, str]:
+
+def pinned_environment(kernel_cache: str | None, jit_cache: str | None = None) -> dict[str, str]:
     """The worker's environment, the same whatever the daemon's."""
     environment = {name: os.environ[name] for name in INHERITED if name in os.environ}
     environment.update(WORKER_ENVIRONMENT)
@@ -134,11 +145,13 @@ def pinned_environment(kernel_cache: str | None) -> dict[str, str]:
         environment["CUPY_CACHE_DIR"] = kernel_cache
     else:
         environment["CUPY_CACHE_IN_MEMORY"] = "1"
+    if jit_cache:
+        environment["CUDA_CACHE_PATH"] = jit_cache
     return environment
 
 
 def worker_environment(request: BurstRequest) -> dict[str, str]:
-    environment = pinned_environment(request.kernel_cache)
+    environment = pinned_environment(request.kernel_cache, request.jit_cache)
     if request.backend == "cuda":
         # NVML's UUID names the very GPU NVML's index does; without one, the
         # index in PCI order (CUDA_DEVICE_ORDER).

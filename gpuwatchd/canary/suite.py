@@ -1,22 +1,33 @@
 """Running one canary on a backend and judging its output.
 
-Shared by every backend: inputs come from gemm.py and chains.py, the known
-answers from their exact references, the verdict from a bit-for-bit
-comparison. A reference is computed only when needed: its digest is cached
-per canary, shape and seed, so a passing run costs one hash of the output.
-Before an output is called wrong, its reference is computed again on a
-second host core: a host core that computes wrong (a mercurial core) makes
-the canary an `error`, never a GPU's mismatch.
+Shared by every backend: inputs come from gemm.py, chains.py and the other
+canaries' modules, the known answers from their exact references, the
+verdict from a bit-for-bit comparison. A canary runs in three steps:
+- `prepare_canary`, on the host, before the worker opens its device (so the
+  GPU's memory and a busy GPU's time are never held for it): the inputs, and
+  the known answer's digest when the cache lacks it (the first burst of a
+  seed);
+- its device part (`run_prepared`): the device computes and digests its
+  output where it lies; only a digest comes back when it is the known
+  answer's, the output itself only when it is not. Its device time
+  (backend.device_seconds) is what the duty budget charges, and then the
+  backend gives back what memory the canary held;
+- its judgement, on the host, with the device's memory given back.
+A reference is computed only when needed: its digest is cached per canary,
+shape and seed, so a passing run costs a digest on the device. Before an
+output is called wrong, its reference is computed again on two host cores:
+a host core that computes wrong (a mercurial core) makes the canary an
+`error`, never a GPU's mismatch.
 The full-mantissa GEMM has no known answer; its digest is judged later,
 across GPUs (crosscheck.py), and a digest mismatch is re-run as
-`gemm_bounded`: every element against an fp64 reference and an error bound
-that holds in any summation order.
+`gemm_bounded`: the same product, digested again (the bitwise comparison),
+and every element against an fp64 reference and an error bound that holds
+in any summation order (the software-fault filter, confirm.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import tempfile
@@ -30,7 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuwatchd.canary.backend import Backend, ThreadRun
+from gpuwatchd.canary.backend import Backend, DeviceOutput, ThreadRun
 from gpuwatchd.canary.chains import (
     FMA_FORMATS,
     LANES,
@@ -42,7 +53,8 @@ from gpuwatchd.canary.chains import (
 from gpuwatchd.canary.compare import Comparison, compare_values, mismatching_indices
 from gpuwatchd.canary.convert import convert_inputs, convert_reference
 from gpuwatchd.canary.formats import FORMATS, NumberFormat
-from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count, random_gemm
+from gpuwatchd.canary.gemm import exact_gemm, exact_reference, flop_count
+from gpuwatchd.canary.hashing import DIGEST_HEX_DIGITS, digest_words, host_operand
 from gpuwatchd.canary.memory import PATTERN_TESTS, WORD_BYTES
 from gpuwatchd.canary.mma import mma_case, mma_reference
 from gpuwatchd.canary.result import CanaryResult
@@ -61,12 +73,12 @@ BOUNDED_ROWS = 512
 BURN_SAMPLE_ROWS = 32
 
 
+# Names the digest in a cached reference's key: a new digest starts afresh.
+DIGEST_NAME = "kh1"
+
+
 class HostReferenceError(RuntimeError):
     """Two host cores computed different references: the host is wrong."""
-
-
-def digest(values: NDArray[Any]) -> str:
-    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
 
 
 class ReferenceCache:
@@ -87,7 +99,7 @@ class ReferenceCache:
             stored = (self._directory / key).read_text(encoding="ascii").strip()
         except (OSError, UnicodeDecodeError):
             return None
-        if len(stored) == 64 and all(c in "0123456789abcdef" for c in stored):
+        if len(stored) == DIGEST_HEX_DIGITS and all(c in "0123456789abcdef" for c in stored):
             self._digests[key] = stored
             return stored
         return None
@@ -110,7 +122,7 @@ class ReferenceCache:
 
 
 def cache_key(spec: CanarySpec) -> str:
-    return f"{spec.name}-{'x'.join(map(str, spec.shape))}-seed{spec.seed}"
+    return f"{spec.name}-{'x'.join(map(str, spec.shape))}-seed{spec.seed}-{DIGEST_NAME}"
 
 
 @dataclass(frozen=True)
@@ -137,9 +149,6 @@ class Evidence:
     units_covered: int | None = None
     digest: str | None = None
     environment: str | None = None
-    # Measured on the device (events), where the backend can: what the duty
-    # budget charges.
-    device_seconds: float | None = None
     note: str | None = None
 
 
@@ -165,35 +174,79 @@ def _on_core(core: int | None, compute: Callable[[], NDArray[Any]]) -> NDArray[A
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A canary's known answer as far as the device needs it: its digest
+    (cached, or computed while preparing), and how to compute it again."""
+
+    key: str
+    digest: str
+    cached: bool
+    compute: Callable[[], NDArray[Any]]
+    signless_zero: bool
+
+
+def prepare_reference(
+    context: RunContext, spec: CanarySpec, compute: Callable[[], NDArray[Any]]
+) -> Reference:
+    """The known answer's digest: from the cache, else computed now (on the
+    first reference core), to be cached once an output agrees with it."""
+    key = cache_key(spec)
+    signless = spec.kind in SIGNLESS_KINDS
+    cached = context.cache.get(key)
+    if cached is not None:
+        return Reference(key, cached, True, compute, signless)
+    first, _ = _reference_cores(context)
+    expected = digest_words(_on_core(first, compute), signless)
+    return Reference(key, expected, False, compute, signless)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the device gave back of an output: its digest, and the output
+    itself when that was not the known answer's."""
+
+    digest: str
+    width: int
+    values: NDArray[Any] | None
+
+
+def read_back(output: DeviceOutput, known: Reference) -> Observed:
+    seen = output.digest(known.signless_zero)
+    width = output.dtype.itemsize * 8
+    if seen == known.digest:
+        return Observed(seen, width, None)
+    values = output.fetch()
+    return Observed(seen, width, _signless_zero(values) if known.signless_zero else values)
+
+
+@dataclass(frozen=True)
 class KnownAnswer:
     comparison: Comparison
-    expected: NDArray[Any] | None  # None when the cached digest matched
+    expected: NDArray[Any] | None  # None when the known answer's digest matched
+    actual: NDArray[Any] | None = None
     note: str | None = None  # where the reference was checked, for a mismatch
 
 
 def _known_answer(
-    context: RunContext,
-    spec: CanarySpec,
-    output: NDArray[Any],
-    reference: Callable[[], NDArray[Any]],
+    context: RunContext, spec: CanarySpec, seen: Observed, known: Reference
 ) -> KnownAnswer:
-    """The comparison with the known answer. An output that differs from
-    the reference is compared only once a second core computed the same
-    reference; HostReferenceError when it did not."""
-    key = cache_key(spec)
-    seen = digest(output)
-    if context.cache.get(key) == seen:
-        return KnownAnswer(Comparison(width=output.dtype.itemsize * 8), None)
+    """The comparison with the known answer. An output whose digest is not
+    the known answer's is compared with a reference computed afresh, once a
+    second core computed the same (HostReferenceError when it did not)."""
+    if seen.values is None:
+        if not known.cached:
+            context.cache.put(known.key, seen.digest)
+        return KnownAnswer(Comparison(width=seen.width), None)
     first, second = _reference_cores(context)
-    expected = _on_core(first, reference)
-    expected_digest = digest(expected)
-    if expected_digest != seen:
-        check = _on_core(second, reference)
-        if digest(check) != expected_digest:
-            raise _host_fault(spec, (first, second))
-    context.cache.put(key, expected_digest)
-    note = None if expected_digest == seen else f"reference checked on cores {first}, {second}"
-    return KnownAnswer(compare_values(output, expected), expected, note)
+    expected = _on_core(first, known.compute)
+    expected_digest = digest_words(expected, known.signless_zero)
+    if digest_words(_on_core(second, known.compute), known.signless_zero) != expected_digest:
+        raise _host_fault(spec, (first, second))
+    context.cache.put(known.key, expected_digest)
+    note = (
+        None if expected_digest == seen.digest else f"reference checked on cores {first}, {second}"
+    )
+    return KnownAnswer(compare_values(seen.values, expected), expected, seen.values, note)
 
 
 def _signless_zero(values: NDArray[Any]) -> NDArray[Any]:
@@ -203,31 +256,55 @@ def _signless_zero(values: NDArray[Any]) -> NDArray[Any]:
     return values + values.dtype.type(0) if values.dtype.kind == "f" else values
 
 
-def _gemm_exact(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+# The canaries whose outputs may hold an exact cancellation's zero.
+SIGNLESS_KINDS = frozenset({"gemm_exact", "mma"})
+
+# A canary's judgement, run on the host once the device gave its memory back.
+Judge = Callable[[], Evidence]
+# A canary's device part, given the backend: returns its judgement.
+OnDevice = Callable[[Backend], Judge]
+
+
+def _gemm_exact(spec: CanarySpec, context: RunContext) -> OnDevice:
     fmt = FORMATS[spec.dtype]
     m, k, n = spec.shape
     inputs = exact_gemm(fmt, (m, k, n), spec.seed)
-    run = backend.gemm(fmt, inputs.a, inputs.b)
-    output = _signless_zero(run.output)
-    known = _known_answer(context, spec, output, lambda: exact_reference(fmt, inputs))
-    # No TFLOP/s: a GEMM this thin is bound by launch latency, its rate says
-    # nothing about the GPU (only the full-mantissa GEMMs report one).
-    return Evidence(known.comparison, spec.shape, device_seconds=run.seconds, note=known.note)
+    known = prepare_reference(context, spec, lambda: exact_reference(fmt, inputs))
+
+    def on_device(backend: Backend) -> Judge:
+        seen = read_back(backend.gemm(fmt, inputs.a, inputs.b).output, known)
+        # No TFLOP/s: a GEMM this thin is bound by launch latency, its rate
+        # says nothing about the GPU (only the full-mantissa GEMMs report one).
+        return lambda: _evidence(spec, _known_answer(context, spec, seen, known))
+
+    return on_device
 
 
-def _gemm_random(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+def _evidence(spec: CanarySpec, known: KnownAnswer) -> Evidence:
+    return Evidence(known.comparison, spec.shape, note=known.note)
+
+
+def _gemm_shape(spec: CanarySpec) -> tuple[int, int, int]:
+    m, k, n = spec.shape[:3]
+    return m, k, n
+
+
+def _gemm_random(spec: CanarySpec, context: RunContext) -> OnDevice:
     fmt = FORMATS[spec.dtype]
-    m, k, n = spec.shape
-    a, b = random_gemm(fmt, (m, k, n), spec.seed)
-    run = backend.gemm(fmt, a, b)
-    return Evidence(
-        Comparison(width=run.output.dtype.itemsize * 8),
-        spec.shape,
-        tflops=_tflops(spec.shape, run.seconds),
-        digest=digest(run.output),
-        environment=backend.info.environment,
-        device_seconds=run.seconds,
-    )
+
+    def on_device(backend: Backend) -> Judge:
+        run = backend.random_gemm(fmt, _gemm_shape(spec), spec.seed)
+        seen, width = run.output.digest(), run.output.dtype.itemsize * 8
+        evidence = Evidence(
+            Comparison(width=width),
+            spec.shape,
+            tflops=_tflops(spec.shape, run.seconds),
+            digest=seen,
+            environment=backend.info.environment,
+        )
+        return lambda: evidence
+
+    return on_device
 
 
 def error_bound(fmt: NumberFormat, k: int) -> float:
@@ -245,21 +322,45 @@ def _host_fault(spec: CanarySpec, cores: tuple[int | None, int | None]) -> HostR
     )
 
 
-def _gemm_bounded(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
-    """The full-mantissa GEMM judged element by element: outside the error
-    bound of the fp64 reference is wrong in every summation order."""
+def _gemm_bounded(spec: CanarySpec, context: RunContext) -> OnDevice:
+    """The full-mantissa GEMM digested again (what crosscheck compares bit
+    for bit) and judged element by element: outside the error bound of the
+    fp64 reference is wrong in every summation order. Its operands for the
+    reference are made on the host from the same key as the GPU's."""
     fmt = FORMATS[spec.dtype]
-    m, k, n = spec.shape
-    a, b = random_gemm(fmt, (m, k, n), spec.seed)
-    run = backend.gemm(fmt, a, b)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    shape = _gemm_shape(spec)
+
+    def on_device(backend: Backend) -> Judge:
+        run = backend.random_gemm(fmt, shape, spec.seed)
+        seen, output = run.output.digest(), run.output.fetch()
+        environment = backend.info.environment
+
+        def judge() -> Evidence:
+            rows = range(0, shape[0], BOUNDED_ROWS)
+            comparison = _within_bound(
+                spec, context, output, [slice(r, r + BOUNDED_ROWS) for r in rows]
+            )
+            return Evidence(comparison, spec.shape, digest=seen, environment=environment)
+
+        return judge
+
+    return on_device
+
+
+def _within_bound(
+    spec: CanarySpec, context: RunContext, output: NDArray[Any], blocks: list[slice]
+) -> Comparison:
+    """The output's rows in `blocks` against the fp64 bound."""
+    fmt = FORMATS[spec.dtype]
+    shape = _gemm_shape(spec)
+    b64 = host_operand(fmt.name, shape, spec.seed, 1).astype(np.float64)
     cores = _reference_cores(context)
-    comparison = Comparison(width=run.output.dtype.itemsize * 8)
-    for start in range(0, m, BOUNDED_ROWS):
-        rows = slice(start, start + BOUNDED_ROWS)
-        part = _bounded_rows(spec, a64[rows], b64, run.output[rows], error_bound(fmt, k), cores)
-        comparison = comparison.merge(_offset(part, start * n))
-    return Evidence(comparison, spec.shape, device_seconds=run.seconds)
+    comparison = Comparison(width=output.dtype.itemsize * 8)
+    for rows in blocks:
+        a64 = host_operand(fmt.name, shape, spec.seed, 0, rows).astype(np.float64)
+        part = _bounded_rows(spec, a64, b64, output[rows], error_bound(fmt, shape[1]), cores)
+        comparison = comparison.merge(_offset(part, (rows.start or 0) * shape[2]))
+    return comparison
 
 
 def _offset(comparison: Comparison, offset: int) -> Comparison:
@@ -277,26 +378,29 @@ def _bounded_rows(
     cores: tuple[int | None, int | None],
 ) -> Comparison:
     scale = _on_core(cores[0], lambda: np.abs(a) @ np.abs(b))
-    return _outside_bound(
-        spec,
-        cores,
-        output,
-        lambda: a @ b,
-        lambda exact: np.abs(output.astype(np.float64) - exact) > bound * scale,
-    ).comparison
+
+    def exact_of() -> NDArray[np.float64]:
+        return a @ b
+
+    def outside(exact: NDArray[np.float64]) -> NDArray[np.bool_]:
+        return np.abs(output.astype(np.float64) - exact) > bound * scale
+
+    exact = _on_core(cores[0], exact_of)
+    return _outside_bound(spec, cores, output, exact, exact_of, outside).comparison
 
 
 def _outside_bound(
     spec: CanarySpec,
     cores: tuple[int | None, int | None],
     output: NDArray[Any],
+    exact: NDArray[np.float64],
     exact_of: Callable[[], NDArray[np.float64]],
     outside: Callable[[NDArray[np.float64]], NDArray[np.bool_]],
 ) -> KnownAnswer:
-    """`output` judged against a bound around exact values: the elements
-    `outside` marks are wrong, once a second host core computed the same
-    exact values (HostReferenceError when it did not)."""
-    exact = _on_core(cores[0], exact_of)
+    """`output` judged against a bound around `exact` (computed on the first
+    reference core): the elements `outside` marks are wrong, once the second
+    core computed the same exact values (`exact_of`; HostReferenceError when
+    it did not)."""
     bad = outside(exact)
     if not bad.any():
         return KnownAnswer(Comparison(width=output.dtype.itemsize * 8), None)
@@ -304,124 +408,165 @@ def _outside_bound(
         raise _host_fault(spec, cores)
     expected = np.where(bad, exact, output).astype(output.dtype)
     note = f"reference checked on cores {cores[0]}, {cores[1]}"
-    return KnownAnswer(compare_values(output, expected), expected, note)
+    return KnownAnswer(compare_values(output, expected), expected, output, note)
 
 
-def _gemm_burn(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+def _gemm_burn(spec: CanarySpec, context: RunContext) -> OnDevice:
     """Sustained GEMMs: every product bit-identical to the first (one
     library call sequence on one device), the first against the fp64 bound
     on sampled rows (the whole reference would take the host minutes)."""
     fmt = FORMATS[spec.dtype]
     m, k, n, repeats = spec.shape
-    a, b = random_gemm(fmt, (m, k, n), spec.seed)
-    run = backend.gemm_repeat(fmt, a, b, repeats)
-    b64 = b.astype(np.float64)
-    cores = _reference_cores(context)
     rows = np.random.default_rng([6, spec.seed]).choice(m, min(m, BURN_SAMPLE_ROWS), replace=False)
-    comparison = Comparison(width=run.output.dtype.itemsize * 8)
-    for row in sorted(int(r) for r in rows):
-        only = slice(row, row + 1)
-        part = _bounded_rows(
-            spec, a[only].astype(np.float64), b64, run.output[only], error_bound(fmt, k), cores
-        )
-        comparison = comparison.merge(_offset(part, row * n))
-    comparison = dataclasses.replace(comparison, count=comparison.count + run.differing)
-    note = f"{run.differing} of {repeats - 1} repeated products differed from the first"
-    return Evidence(
-        comparison,
-        spec.shape,
-        tflops=_tflops((m, k, n), run.seconds / repeats),
-        device_seconds=run.seconds,
-        note=note if run.differing else None,
-    )
+    sampled = sorted(int(r) for r in rows)
+
+    def on_device(backend: Backend) -> Judge:
+        run = backend.gemm_repeat(fmt, (m, k, n), spec.seed, repeats)
+        output = run.output.fetch()
+
+        def judge() -> Evidence:
+            blocks = [slice(row, row + 1) for row in sampled]
+            comparison = _within_bound(spec, context, output, blocks)
+            comparison = dataclasses.replace(comparison, count=comparison.count + run.differing)
+            note = f"{run.differing} of {repeats - 1} repeated products differed from the first"
+            return Evidence(
+                comparison,
+                spec.shape,
+                tflops=_tflops((m, k, n), run.seconds / repeats),
+                note=note if run.differing else None,
+            )
+
+        return judge
+
+    return on_device
 
 
 def _tflops(shape: tuple[int, ...], seconds: float) -> float | None:
-    return flop_count(shape) / seconds / 1e12 if seconds > 0 else None
+    return flop_count(shape[:3]) / seconds / 1e12 if seconds > 0 else None
 
 
-def _thread_evidence(
-    spec: CanarySpec, context: RunContext, run: ThreadRun, reference: Callable[[], NDArray[Any]]
+def _thread_canary(
+    spec: CanarySpec,
+    context: RunContext,
+    launch: Callable[[Backend], ThreadRun],
+    compute: Callable[[], NDArray[Any]],
+) -> OnDevice:
+    """A per-thread canary with a known answer."""
+    known = prepare_reference(context, spec, compute)
+
+    def on_device(backend: Backend) -> Judge:
+        run = launch(backend)
+        seen = read_back(run.values, known)
+        units, words = run.units, run.words_per_thread
+        return lambda: _located(spec, units, words, _known_answer(context, spec, seen, known))
+
+    return on_device
+
+
+def _located(
+    spec: CanarySpec, units: NDArray[Any], words_per_thread: int, known: KnownAnswer
 ) -> Evidence:
-    return _located(spec, run, _known_answer(context, spec, run.values, reference))
-
-
-def _located(spec: CanarySpec, run: ThreadRun, known: KnownAnswer) -> Evidence:
     """The evidence of a per-thread canary: the SMs (cores) and lanes of
     the threads that went wrong, and how many SMs ran a whole thread."""
-    comparison, expected = known.comparison, known.expected
-    placed = np.asarray(run.units)
+    comparison = known.comparison
+    placed = np.asarray(units)
     covered = int(np.unique(placed[placed >= 0]).size)
-    if comparison.count == 0 or expected is None:
+    if comparison.count == 0 or known.expected is None or known.actual is None:
         return Evidence(comparison, spec.shape, units_covered=covered)
-    threads = mismatching_indices(run.values, expected) // run.words_per_thread
-    units = np.unique(placed[threads])[:MAX_LOCATIONS]
+    threads = mismatching_indices(known.actual, known.expected) // words_per_thread
+    where = np.unique(placed[threads])[:MAX_LOCATIONS]
     lanes = np.unique(threads % LANES)[:MAX_LOCATIONS]
     return Evidence(
         comparison,
         spec.shape,
-        units=tuple(int(u) for u in units),
+        units=tuple(int(u) for u in where),
         lanes=tuple(int(lane) for lane in lanes),
         units_covered=covered,
         note=known.note,
     )
 
 
-def _int_chain(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+def _int_chain(spec: CanarySpec, context: RunContext) -> OnDevice:
     threads, steps = spec.shape
     inputs = int_chain_inputs(threads, steps, spec.seed)
-    run = backend.int_chain(inputs)
-    return _thread_evidence(spec, context, run, lambda: int_chain_reference(inputs))
+    return _thread_canary(
+        spec,
+        context,
+        lambda backend: backend.int_chain(inputs),
+        lambda: int_chain_reference(inputs),
+    )
 
 
-def _fma_chain(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+def _fma_chain(spec: CanarySpec, context: RunContext) -> OnDevice:
     threads, steps = spec.shape
     inputs = fma_chain_inputs(FMA_FORMATS[spec.dtype], threads, steps, spec.seed)
-    run = backend.fma_chain(inputs)
-    return _thread_evidence(spec, context, run, lambda: fma_chain_reference(inputs))
-
-
-def _convert(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
-    inputs = convert_inputs(spec.shape[0], spec.seed)
-    run = backend.convert(inputs)
-    return _thread_evidence(spec, context, run, lambda: convert_reference(inputs))
-
-
-def _sfu(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
-    """The transcendentals, each against its documented error bound around
-    an exact value (sfu.py); a result outside it only once a second host
-    core computed the same exact values."""
-    inputs = sfu_inputs(spec.shape[0], spec.seed)
-    run = backend.sfu(inputs)
-    known = _outside_bound(
+    return _thread_canary(
         spec,
-        _reference_cores(context),
-        run.values,
-        lambda: sfu_reference(inputs),
-        lambda exact: sfu_outside(run.values, exact, inputs),
+        context,
+        lambda backend: backend.fma_chain(inputs),
+        lambda: fma_chain_reference(inputs),
     )
-    if known.note is not None:
-        known = dataclasses.replace(known, note=f"outside the documented error bound; {known.note}")
-    return _located(spec, run, known)
 
 
-def _mma(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
+def _convert(spec: CanarySpec, context: RunContext) -> OnDevice:
+    inputs = convert_inputs(spec.shape[0], spec.seed)
+    return _thread_canary(
+        spec, context, lambda backend: backend.convert(inputs), lambda: convert_reference(inputs)
+    )
+
+
+def _mma(spec: CanarySpec, context: RunContext) -> OnDevice:
     case = mma_case(spec.dtype, spec.shape, spec.seed)
-    run = backend.mma(case.inputs)
-    run = dataclasses.replace(run, values=_signless_zero(run.values))
-    return _thread_evidence(spec, context, run, lambda: mma_reference(case))
+    return _thread_canary(
+        spec, context, lambda backend: backend.mma(case.inputs), lambda: mma_reference(case)
+    )
 
 
-def _hbm(backend: Backend, spec: CanarySpec, context: RunContext) -> Evidence:
-    words = spec.shape[0]
-    free = backend.free_memory_bytes()
-    if free is not None:
-        words = min(words, int(free * context.hbm_free_fraction) // WORD_BYTES)
-    region = backend.memory(max(words, 1))
-    return Evidence(PATTERN_TESTS[spec.kind](region), (region.words,))
+def _sfu(spec: CanarySpec, context: RunContext) -> OnDevice:
+    """The transcendentals, each against its documented error bound around
+    an exact value (sfu.py, computed while preparing); a result outside it
+    only once a second host core computed the same exact values."""
+    inputs = sfu_inputs(spec.shape[0], spec.seed)
+    cores = _reference_cores(context)
+
+    def exact_of() -> NDArray[np.float64]:
+        return sfu_reference(inputs)
+
+    exact = _on_core(cores[0], exact_of)
+
+    def on_device(backend: Backend) -> Judge:
+        run = backend.sfu(inputs)
+        values, units, words = run.values.fetch(), run.units, run.words_per_thread
+
+        def outside(around: NDArray[np.float64]) -> NDArray[np.bool_]:
+            return sfu_outside(values, around, inputs)
+
+        def judge() -> Evidence:
+            known = _outside_bound(spec, cores, values, exact, exact_of, outside)
+            if known.note is not None:
+                note = f"outside the documented error bound; {known.note}"
+                known = dataclasses.replace(known, note=note)
+            return _located(spec, units, words, known)
+
+        return judge
+
+    return on_device
 
 
-_RUNNERS: Mapping[str, Callable[[Backend, CanarySpec, RunContext], Evidence]] = MappingProxyType(
+def _hbm(spec: CanarySpec, context: RunContext) -> OnDevice:
+    def on_device(backend: Backend) -> Judge:
+        words = spec.shape[0]
+        free = backend.free_memory_bytes()
+        if free is not None:
+            words = min(words, int(free * context.hbm_free_fraction) // WORD_BYTES)
+        region = backend.memory(max(words, 1))
+        evidence = Evidence(PATTERN_TESTS[spec.kind](region), (region.words,))
+        return lambda: evidence
+
+    return on_device
+
+
+_PREPARERS: Mapping[str, Callable[[CanarySpec, RunContext], OnDevice]] = MappingProxyType(
     {
         "gemm_exact": _gemm_exact,
         "gemm_random": _gemm_random,
@@ -447,11 +592,33 @@ def _coverage(evidence: Evidence, sm_count: int | None) -> float | None:
     return min(evidence.units_covered / sm_count, 1.0)
 
 
-def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> CanaryResult:
-    """Run one canary and judge it. Device errors propagate: the worker turns
-    them into `error` results."""
+@dataclass(frozen=True)
+class Prepared:
+    """A canary whose host work is done: what is left runs on a backend."""
+
+    spec: CanarySpec
+    on_device: OnDevice
+
+
+def prepare_canary(spec: CanarySpec, context: RunContext) -> Prepared:
+    """The canary's inputs and, when the cache lacks it, its known answer's
+    digest: host work, done before a device is opened."""
+    return Prepared(spec, _PREPARERS[spec.kind](spec, context))
+
+
+def run_prepared(backend: Backend, prepared: Prepared, context: RunContext) -> CanaryResult:
+    """Run a prepared canary's device part, give the device's memory back,
+    and judge. Device errors propagate: the worker turns them into `error`
+    results."""
+    spec = prepared.spec
     start = time.perf_counter()
-    evidence = _RUNNERS[spec.kind](backend, spec, context)
+    device_before = backend.device_seconds()
+    try:
+        judge = prepared.on_device(backend)
+    finally:
+        held = backend.release()
+    device_seconds = backend.device_seconds() - device_before
+    evidence = judge()
     duration = time.perf_counter() - start
     comparison = evidence.comparison
     return CanaryResult(
@@ -478,6 +645,13 @@ def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> Canar
         sm_count=backend.info.sm_count,
         digest=evidence.digest,
         environment=evidence.environment,
-        device_seconds=evidence.device_seconds,
+        device_seconds=device_seconds,
+        device_memory_bytes=held,
         message=evidence.note,
     )
+
+
+def run_canary(backend: Backend, spec: CanarySpec, context: RunContext) -> CanaryResult:
+    """Prepare one canary and run it (prepared while the device is open:
+    for tests and the device check)."""
+    return run_prepared(backend, prepare_canary(spec, context), context)

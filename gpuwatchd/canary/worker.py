@@ -2,10 +2,13 @@
 
 Reads a runner.BurstRequest as JSON on stdin and runs it, writing one JSON
 line to stdout as each canary starts ({"event": "start", ...}) and one with
-each result ({"event": "result", ...}). Device errors become `error`
-results and end the burst (a CUDA error leaves the context unusable); a
-hang or crash is the runner's to see. With `--probe`, lists the GPUs the
-CUDA backend sees instead, one JSON object a line.
+each result ({"event": "result", ...}). Every canary's host work (inputs,
+and references the cache lacks) is done before the device is opened, so
+the GPU's memory and a busy GPU's time are held for device work alone
+(suite.py). Device errors become `error` results and end the burst (a CUDA
+error leaves the context unusable); a hang or crash is the runner's to see.
+With `--probe`, lists the GPUs the CUDA backend sees instead, one JSON
+object a line.
 
 The protocol has stdout to itself: anything else the process prints at
 file-descriptor level (a library's banner, a driver's warning) goes to
@@ -40,7 +43,13 @@ from gpuwatchd.canary.runner import (
     stamp,
 )
 from gpuwatchd.canary.spec import CanarySpec
-from gpuwatchd.canary.suite import ReferenceCache, RunContext, run_canary
+from gpuwatchd.canary.suite import (
+    Prepared,
+    ReferenceCache,
+    RunContext,
+    prepare_canary,
+    run_prepared,
+)
 from gpuwatchd.canary.wire import from_wire, to_wire
 from gpuwatchd.clock import Clock
 
@@ -64,19 +73,9 @@ def open_request_backend(request: BurstRequest) -> Backend:
 def execute(request: BurstRequest, emit: Emit) -> None:
     """Run the burst, reporting through `emit`. Pins the calling thread to
     each of `request.cpu_cores` in turn."""
-    try:
-        backend = open_request_backend(request)
-    except Exception as error:  # no CuPy, no driver, no such GPU
-        _report_error(
-            request,
-            request.specs[0],
-            request.cpu_cores[0] if request.cpu_cores else None,
-            error,
-            emit,
-        )
-        return
     cache = ReferenceCache(request.reference_cache)
     affinity = os.sched_getaffinity(0)
+    backend: Backend | None = None
     try:
         for core in request.cpu_cores or (None,):
             if core is not None:
@@ -89,16 +88,52 @@ def execute(request: BurstRequest, emit: Emit) -> None:
                 request.hbm_free_fraction,
                 reference_cores=tuple(sorted(affinity)),
             )
-            for spec in request.specs:
-                emit({"event": "start", "spec": to_wire(spec), "cpu_core": core})
-                try:
-                    result = run_canary(backend, spec, context)
-                except Exception as error:  # any device failure is this canary's error
-                    _report_error(request, spec, core, error, emit)
+            prepared = [_prepare(spec, context) for spec in request.specs]
+            if backend is None:
+                backend = _open(request, emit)
+                if backend is None:
                     return
-                emit({"event": "result", "result": to_wire(result)})
+            if not _run_all(backend, prepared, context, request, emit):
+                return
     finally:
         os.sched_setaffinity(0, affinity)
+
+
+def _prepare(spec: CanarySpec, context: RunContext) -> Prepared | Exception:
+    try:
+        return prepare_canary(spec, context)
+    except Exception as error:  # reported when its turn comes, as a device error would be
+        return error
+
+
+def _open(request: BurstRequest, emit: Emit) -> Backend | None:
+    try:
+        return open_request_backend(request)
+    except Exception as error:  # no CuPy, no driver, no such GPU
+        first = request.cpu_cores[0] if request.cpu_cores else None
+        _report_error(request, request.specs[0], first, error, emit)
+        return None
+
+
+def _run_all(
+    backend: Backend,
+    prepared: list[Prepared | Exception],
+    context: RunContext,
+    request: BurstRequest,
+    emit: Emit,
+) -> bool:
+    """Every prepared canary in turn; False when one failed (the burst ends)."""
+    for spec, canary in zip(request.specs, prepared, strict=True):
+        emit({"event": "start", "spec": to_wire(spec), "cpu_core": context.cpu_core})
+        try:
+            if isinstance(canary, Exception):
+                raise canary
+            result = run_prepared(backend, canary, context)
+        except Exception as error:  # any device failure is this canary's error
+            _report_error(request, spec, context.cpu_core, error, emit)
+            return False
+        emit({"event": "result", "result": to_wire(result)})
+    return True
 
 
 def _report_error(

@@ -44,13 +44,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import pynvml
 import yaml
 
 from gpuwatchd import capture as captures
 from gpuwatchd import capture_file
+from gpuwatchd.canary.faults import FAULT_MODES, FaultMode
 from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
 from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text, shown
 from gpuwatchd.sources.infiniband import COUNTER_BITS
@@ -149,23 +150,10 @@ NVML_ERRORS: Mapping[int, str] = {
 # A file under a port's counters/ or hw_counters/ (port_xmit_wait, out_of_buffer).
 _COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 
-# What an `sdc` fault makes the GPU's canary backend do (gpuwatchd.canary.faults
-# says what each mode is); `consistent` when no mode is given.
-SdcMode = Literal[
-    "lane",
-    "sm",
-    "consistent",
-    "data",
-    "intermittent",
-    "lsb",
-    "once",
-    "stuck_bit",
-    "address_alias",
-    "hang",
-    "crash",
-    "error",
-]
-SDC_MODES: tuple[SdcMode, ...] = get_args(SdcMode)
+# What an `sdc` fault makes the GPU's canary backend do: the canaries' own
+# fault modes (gpuwatchd.canary.faults says what each is); `consistent` when
+# no mode is given.
+SDC_MODES: tuple[FaultMode, ...] = FAULT_MODES
 
 
 class ScenarioError(ValueError):

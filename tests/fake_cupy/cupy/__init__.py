@@ -9,18 +9,43 @@ from typing import Any
 import numpy as np
 
 from cupy import cuda
-from cupy._memory import DeviceArray, register
+from cupy._memory import (
+    POOL,
+    TIMELINE,
+    TRANSFERS,
+    DeviceArray,
+    MemoryPool,
+    device_process_seconds,
+    device_work,
+    register,
+)
 
 __version__ = "13.6.0"
+# Not CuPy: what measures the host's work takes the emulated device's off.
+FAKE = True
+__all__ = ["FAKE", "device_process_seconds"]
 int32 = np.int32
+float16 = np.float16
 float32 = np.float32
+float64 = np.float64
+uint16 = np.uint16
 uint32 = np.uint32
 uint64 = np.uint64
-flatnonzero = np.flatnonzero
+
+
+def get_default_memory_pool() -> MemoryPool:
+    return POOL
 
 
 def asarray(values: Any, dtype: Any = None) -> DeviceArray:
-    return register(np.array(values, dtype=dtype, copy=True).view(DeviceArray))
+    if isinstance(values, DeviceArray):
+        with device_work():
+            copied = np.array(values.view(np.ndarray), dtype=dtype, copy=True)
+        return register(copied.view(DeviceArray))
+    array = np.array(values, dtype=dtype, copy=True)
+    TRANSFERS.append(("h2d", array.nbytes))
+    TIMELINE.append(("h2d", array.nbytes))
+    return register(array.view(DeviceArray))
 
 
 def empty(shape: Any, dtype: Any = float) -> DeviceArray:
@@ -32,25 +57,46 @@ def empty_like(array: Any) -> DeviceArray:
 
 
 def zeros(shape: Any, dtype: Any = float) -> DeviceArray:
-    return register(np.zeros(shape, dtype=dtype).view(DeviceArray))
+    with device_work():
+        return register(np.zeros(shape, dtype=dtype).view(DeviceArray))
 
 
 def arange(*args: Any, dtype: Any = None) -> DeviceArray:
-    return register(np.arange(*args, dtype=dtype).view(DeviceArray))
+    with device_work():
+        return register(np.arange(*args, dtype=dtype).view(DeviceArray))
+
+
+def flatnonzero(array: Any) -> DeviceArray:
+    with device_work():
+        return register(np.flatnonzero(array.view(np.ndarray)).view(DeviceArray))
+
+
+def count_nonzero(array: Any) -> Any:
+    with device_work():
+        return np.count_nonzero(array.view(np.ndarray))
 
 
 def asnumpy(array: Any) -> np.ndarray:
-    return np.array(array, copy=True).view(np.ndarray)
+    host = np.array(array, copy=True).view(np.ndarray)
+    if isinstance(array, DeviceArray):
+        TRANSFERS.append(("d2h", host.nbytes))
+        TIMELINE.append(("d2h", host.nbytes))
+    return host
 
 
 # `extern "C" __global__ void name(params)`: the kernels' C signatures.
 _KERNEL = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 _POINTEE = {
+    "unsigned short": np.uint16,
     "unsigned int": np.uint32,
+    "unsigned long long": np.uint64,
     "int": np.int32,
     "float": np.float32,
     "double": np.float64,
 }
+
+
+_SCALARS = {"int": np.int32, "unsigned long long": np.uint64}
 
 
 def _signature(params: str) -> list[tuple[str, Any]]:
@@ -60,8 +106,8 @@ def _signature(params: str) -> list[tuple[str, Any]]:
         base = param.replace("const", "").strip().rsplit(" ", 1)[0].strip()
         if base.endswith("*"):
             parsed.append(("pointer", _POINTEE[base.rstrip("*").strip()]))
-        elif base == "int":
-            parsed.append(("scalar", np.int32))
+        elif base in _SCALARS:
+            parsed.append(("scalar", _SCALARS[base]))
         else:
             raise TypeError(f"fake CuPy: unsupported kernel parameter {param!r}")
     return parsed
@@ -118,4 +164,5 @@ class _Kernel:
                 raise TypeError(f"{self.name} argument {position}: expected {np.dtype(dtype)}")
         from cupy._kernels import launch
 
-        launch(self.name, grid[0] * block[0], block[0], args)
+        with device_work():
+            launch(self.name, grid[0] * block[0], block[0], args)

@@ -1,10 +1,15 @@
-"""cupy.cuda of the fake: one GPU, events that time nothing."""
+"""cupy.cuda of the fake: one GPU, events that time the host's clock (the
+fake's device computes on it), and say where they were recorded."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
+from cupy._memory import ELAPSED, TIMELINE
 from cupy.cuda import device, runtime
+
+_NUMBERS = itertools.count()
 
 
 class CUDADriverError(RuntimeError):
@@ -24,9 +29,11 @@ class Device:
 class Event:
     def __init__(self) -> None:
         self.time: float | None = None
+        self.number = next(_NUMBERS)
 
     def record(self) -> None:
         self.time = time.perf_counter()
+        TIMELINE.append(("event", self.number))
 
     def synchronize(self) -> None:
         pass
@@ -35,6 +42,7 @@ class Event:
 def get_elapsed_time(start: Event, stop: Event) -> float:
     """Milliseconds, as cupy.cuda.get_elapsed_time."""
     assert start.time is not None and stop.time is not None
+    ELAPSED.append((start.number, stop.number))
     return (stop.time - start.time) * 1000.0
 
 

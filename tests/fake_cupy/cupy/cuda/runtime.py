@@ -38,5 +38,11 @@ def runtimeGetVersion() -> int:
     return 12040
 
 
+# What the context itself takes (a real one: a few hundred MiB).
+CONTEXT = 1024**3
+
+
 def memGetInfo() -> tuple[int, int]:
-    return TOTAL - 1024**3, TOTAL
+    from cupy._memory import POOL
+
+    return TOTAL - CONTEXT - POOL.total_bytes(), TOTAL

@@ -5,7 +5,7 @@ CuPy 13's binding (cupy_backends/cuda/libs/cublas.pyx:1426-1454):
 gemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype,
 ldb, beta, C, Ctype, ldc, computeType, algo), pointers as integers; a
 computeType >= 64 is a cublasComputeType_t (cublas_api.h: 68 32F, 69
-32F_PEDANTIC, 70 64F, 77 32F_FAST_TF32). Column-major, as cuBLAS. The type
+32F_PEDANTIC, 70 64F, 71 64F_PEDANTIC, 77 32F_FAST_TF32). Column-major, as cuBLAS. The type
 combinations are those of cublasGemmEx's table in the cuBLAS guide.
 """
 
@@ -15,7 +15,7 @@ import ctypes
 from typing import Any
 
 import numpy as np
-from cupy._memory import at
+from cupy._memory import at, device_work
 from cupy.cuda import device
 
 CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
@@ -43,6 +43,7 @@ _COMPUTE = {
     ),
     77: (ctypes.c_float, {(CUDA_R_32F, CUDA_R_32F)}),
     70: (ctypes.c_double, {(CUDA_R_64F, CUDA_R_64F)}),
+    71: (ctypes.c_double, {(CUDA_R_64F, CUDA_R_64F)}),
 }
 CALLS: list[dict[str, Any]] = []
 
@@ -66,7 +67,8 @@ def _matrix(address: int, kind: int, rows: int, cols: int, ld: int) -> np.ndarra
     flat = _values(address, kind).reshape(-1)
     if flat.size < ld * (cols - 1) + rows:
         raise ValueError(f"a {rows}x{cols} matrix (ld {ld}) overruns a {flat.size}-element buffer")
-    return np.stack([flat[c * ld : c * ld + rows] for c in range(cols)], axis=1)
+    step = flat.strides[0]
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (step, ld * step)).copy()
 
 
 def gemmEx(
@@ -104,13 +106,21 @@ def gemmEx(
         raise ValueError(f"CUBLAS_STATUS_NOT_SUPPORTED: {Atype, Btype, Ctype, computeType}")
     scale = _COMPUTE[computeType][0]
     a_, b_ = scale.from_address(alpha).value, scale.from_address(beta).value
-    left = _matrix(A, Atype, m, k, lda)
-    right = _matrix(B, Btype, k, n, ldb)
     out = at(C)
     if out.dtype != _STORAGE[Ctype] or ldc < m or out.size < ldc * (n - 1) + m:
         raise ValueError("C does not fit the output")
-    result = a_ * (left @ right)
-    flat = out.reshape(-1)
-    for column in range(n):
-        flat[column * ldc : column * ldc + m] = result[:, column] + b_ * 0
+    with device_work():
+        left = _matrix(A, Atype, m, k, lda)
+        right = _matrix(B, Btype, k, n, ldb)
+        # Accumulated in the output's precision, as the tensor cores do (the
+        # exact GEMMs are exact in it; a wider sum would hide nothing).
+        wide = _STORAGE[Ctype] == np.float64
+        accumulator = np.float64 if wide else np.float32
+        result = a_ * (left.astype(accumulator) @ right.astype(accumulator))
+        flat = out.view(np.ndarray).reshape(-1)
+        if ldc == m:
+            flat[: m * n] = (result + b_ * 0).T.reshape(-1)
+        else:
+            for column in range(n):
+                flat[column * ldc : column * ldc + m] = result[:, column] + b_ * 0
     CALLS.append({"m": m, "n": n, "k": k, "types": (Atype, Ctype, computeType), "algo": algo})
