@@ -208,9 +208,12 @@ SOAK_INTERVAL = MIN_POLL_INTERVAL
 @pytest.mark.slow
 def test_a_long_run_at_the_shortest_interval_keeps_resources_flat(tmp_path: Path) -> None:
     # History holds its hour once an hour of polls has run (36 000 at 0.1 s:
-    # its samples are kept 0.88 s apart, 4096 a subject): a run that long
-    # (CI's 10^5 polls) compares memory between two points after that, a
-    # shorter one between a quarter of it and its end.
+    # its samples are kept 0.88 s apart, 4096 a subject): a run longer than
+    # that (CI's 50 000 polls) compares memory between two points after it, a
+    # shorter one between a quarter of it and its end. (A shorter history
+    # fills sooner but keeps its samples denser: each poll's checks then read
+    # more of them, and 40 000 polls of a 15-minute history took longer than
+    # 10^5 of the hour.)
     full = int(DaemonConfig().history / SOAK_INTERVAL) + 1
     first = full + (SOAK_POLLS - full) // 10 if 2 * full < SOAK_POLLS else SOAK_POLLS // 4
     # Faults that come and go every few minutes: the journal grows, and is pruned.
