@@ -46,9 +46,17 @@ from gpuwatchd.counters import (
     until_saturated,
 )
 from gpuwatchd.history import Column, History, Track, series
-from gpuwatchd.model import Action, Finding, Measurement, PortSample, Reading, Severity
+from gpuwatchd.model import (
+    BYTES_PER_GIGABIT,
+    COUNTER_BITS,
+    Action,
+    Finding,
+    Measurement,
+    PortSample,
+    Reading,
+    Severity,
+)
 from gpuwatchd.settings import Seconds
-from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.units import format_duration
 
 NAME = "infiniband"
