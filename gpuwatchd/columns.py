@@ -24,6 +24,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import fields
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -37,7 +38,7 @@ class Runs:
     and floats are kept unboxed while the field holds only one of them (and
     None); anything else, or a mix, as Python objects."""
 
-    __slots__ = ("_absent", "_kind", "_starts", "_values")
+    __slots__ = ("_absent", "_kind", "_last", "_starts", "_values")
 
     def __init__(self) -> None:
         self._starts = array("q")
@@ -45,10 +46,13 @@ class Runs:
         # None until the first value that is not None: bool, int, float or object.
         self._kind: type | None = None
         self._values: array[Any] | list[Any] = array("q")
+        # The last run's value, as put: what the next value is compared with.
+        self._last: object = None
 
     def put(self, seq: int, value: object) -> None:
         """`value` from `seq` on (after every sequence number put before)."""
-        if self._starts and self._same(value):
+        last = self._last
+        if self._starts and type(last) is type(value) and (last is value or last == value):
             return
         if value is not None and self._kind is not object:
             kind = _kind_of(value)
@@ -57,6 +61,7 @@ class Runs:
         self._starts.append(seq)
         self._absent.append(value is None)
         self._values.append(self._placeholder() if value is None else value)
+        self._last = value
 
     def at(self, seq: int) -> Any:
         """The value at `seq`; None before the first run."""
@@ -71,6 +76,7 @@ class Runs:
             self._starts.pop()
             self._absent.pop()
             self._values.pop()
+        self._last = self.at(self._starts[-1]) if self._starts else None
 
     def forget_before(self, seq: int) -> None:
         """Drop the runs that end before `seq` (the one holding `seq` stays)."""
@@ -79,14 +85,6 @@ class Runs:
             del self._starts[:runs]
             del self._absent[:runs]
             del self._values[:runs]
-
-    def _same(self, value: object) -> bool:
-        if self._absent[-1]:
-            return value is None
-        last = self._values[-1]
-        if self._kind is bool:
-            last = bool(last)
-        return type(last) is type(value) and bool(last == value)
 
     def _placeholder(self) -> object:
         return None if isinstance(self._values, list) else 0
@@ -117,6 +115,10 @@ def _kind_of(value: object) -> type:
     return kind if kind in _TYPECODES else object
 
 
+# What no field holds: every field of the first sample put is new.
+_UNSEEN = object()
+
+
 def _key(key: Hashable) -> Hashable:
     return sys.intern(key) if isinstance(key, str) else key
 
@@ -135,27 +137,34 @@ class SampleColumns(Generic[T]):
     ) -> None:
         self._kind = kind
         self._names = tuple(f.name for f in fields(kind))  # type: ignore[arg-type]
+        getter = attrgetter(*self._names)
+        # attrgetter of one name gives the value itself, of more a tuple.
+        self._fields: Callable[[T], tuple[Any, ...]] = (
+            getter if len(self._names) > 1 else lambda sample: (getter(sample),)
+        )
         self._nested_kinds = dict(nested or {})
         self._scalars: dict[str, Runs] = {}
         self._mappings: dict[str, dict[Hashable, Runs]] = {}
         self._nested: dict[str, dict[Any, SampleColumns[Any]]] = {}
         self._present: dict[str, dict[Any, Runs]] = {}
         # The last value put of each field: the same object again costs nothing.
-        self._last: dict[str, object] = {}
+        self._last: list[object] = [_UNSEEN] * len(self._names)
 
     def put(self, seq: int, sample: T) -> None:
         last = self._last
-        for name in self._names:
-            value = getattr(sample, name)
-            if name in last and last[name] is value:
+        for field, (name, value) in enumerate(zip(self._names, self._fields(sample), strict=True)):
+            if last[field] is value:
                 continue
-            last[name] = value
+            last[field] = value
             if name in self._nested_kinds:
                 self._put_nested(seq, name, value)
             elif isinstance(value, Mapping):
                 self._put_mapping(seq, name, value)
             else:
-                self._scalars.setdefault(name, Runs()).put(seq, value)
+                runs = self._scalars.get(name)
+                if runs is None:
+                    runs = self._scalars[name] = Runs()
+                runs.put(seq, value)
 
     def _put_mapping(self, seq: int, name: str, value: Mapping[Hashable, object]) -> None:
         columns = self._mappings.setdefault(name, {})
@@ -206,7 +215,7 @@ class SampleColumns(Generic[T]):
         return self._kind(**values)
 
     def forget_from(self, seq: int) -> None:
-        self._last.clear()
+        self._last = [_UNSEEN] * len(self._names)
         for runs in self._all_runs():
             runs.forget_from(seq)
         for columns in self._nested.values():

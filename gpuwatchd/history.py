@@ -20,8 +20,9 @@ dict or object. Only the newest samples are kept whole: a GPU's for the
 last WHOLE_GPU_SECONDS (the windows the clocks and PCIe checks read every
 poll), a port's or a PCIe function's the latest alone (their checks read
 Columns); an older sample is made again from its columns when asked for.
-A GPU's sample shares with the one before it whatever did not change (its
-links, its mappings), so the whole ones cost little more than their numbers.
+The NVML source gives a GPU's sample the last one's links and mappings
+where they did not change, so the whole ones cost little more than their
+numbers.
 What a Track derives (Columns, Areas, change marks) is kept the same way:
 running totals in typed arrays, the rare events (a reset, a saturated or an
 absent value) as the positions they happened at.
@@ -41,7 +42,6 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from dataclasses import fields, replace
 from functools import reduce
 from operator import add
 from typing import Any, Generic, Protocol, TypeVar, overload
@@ -267,13 +267,15 @@ class Column(Generic[T]):
         """`counters.increase` over positions first..last, both included."""
         if last < first:
             return Increase(increase=0.0, seconds=0.0)
-        if self.present(first, last) != last - first + 1:
-            # Absent values: the increase runs between the present ones.
-            present = [p for p in range(first, last + 1) if self.present(p, p)]
-            if not present:
-                return Increase(increase=0.0, seconds=0.0)
-            first, last = present[0], present[-1]
         start, end = self._seq(first), self._seq(last)
+        absent = self._absent.count(start, end)
+        if absent:
+            # Absent values: the increase runs between the present ones.
+            if absent == end - start + 1:
+                return Increase(increase=0.0, seconds=0.0)
+            first = next(p for p in range(first, last + 1) if self.present(p, p))
+            last = next(p for p in range(last, first - 1, -1) if self.present(p, p))
+            start, end = self._seq(first), self._seq(last)
         index, final = start - self.first, end - self.first
         grown = self._whole[final] - self._whole[index]
         if self._inexact.count(start + 1, end) or grown >= _EXACT:
@@ -376,7 +378,7 @@ class _Samples(Sequence[T]):
 
     def __init__(self, columns: SampleColumns[T] | None) -> None:
         self._columns = columns
-        self._whole: deque[T] = deque()
+        self._whole: list[T] = []
         self.first = 0  # the sequence number of position 0
         self._count = 0
         # The first sequence number the columns still hold.
@@ -393,7 +395,11 @@ class _Samples(Sequence[T]):
 
     def __getitem__(self, index: int | slice) -> T | list[T]:
         if isinstance(index, slice):
-            return [self._at(position) for position in range(*index.indices(self._count))]
+            start, stop, step = index.indices(self._count)
+            made = self._count - len(self._whole)
+            if step == 1 and start >= made:
+                return self._whole[start - made : stop - made]
+            return [self._at(position) for position in range(start, stop, step)]
         if index < 0:
             index += self._count
         if not 0 <= index < self._count:
@@ -426,8 +432,8 @@ class _Samples(Sequence[T]):
     def drop_first(self, count: int) -> None:
         self.first += count
         self._count -= count
-        while len(self._whole) > self._count:
-            self._whole.popleft()
+        if len(self._whole) > self._count:
+            del self._whole[: len(self._whole) - self._count]
         if self._columns is not None and self.first - self._columns_first >= _DROP_BATCH:
             self._columns.forget_before(self.first)
             self._columns_first = self.first
@@ -436,8 +442,8 @@ class _Samples(Sequence[T]):
         """Keep only the newest `count` samples whole (all of them without columns)."""
         if self._columns is None:
             return
-        while len(self._whole) > max(1, count):
-            self._whole.popleft()
+        if len(self._whole) > max(1, count):
+            del self._whole[: len(self._whole) - max(1, count)]
 
 
 class Track(Generic[T]):
@@ -573,6 +579,12 @@ class Track(Generic[T]):
         samples that left the track out (in batches), a last one replaced
         since redone, the new ones in."""
         first, count = self.samples.first, len(self.samples)
+        if count and kept.taken == first + count and kept.stamp == self._stamps[-1]:
+            # Up to date: only what left the track since may need dropping.
+            if first - kept.first >= _DROP_BATCH:
+                kept.drop_before(first)
+            kept.skip = first - kept.first
+            return
         if kept.taken <= first:
             kept.drop_before(kept.taken)
             kept.first = kept.taken = first
@@ -615,8 +627,7 @@ class History:
                 columns = SampleColumns(GpuSample, {"nvlinks": ("link", LinkSample)})
                 track = Track(self.max_samples, self._spacing, columns, WHOLE_GPU_SECONDS)
                 self._gpus[gpu.index] = track
-            latest = track.latest()
-            track.append(reading.time, gpu if latest is None else _sharing(latest, gpu))
+            track.append(reading.time, gpu)
         if reading.ports is not None:
             self.last_port_poll = max(self.last_port_poll or reading.time, reading.time)
         for port in reading.ports or ():
@@ -693,40 +704,6 @@ class History:
 
     def sxid_events(self, since: float = float("-inf")) -> list[SxidEvent]:
         return [event for event in self._sxids if event.time >= since]
-
-
-_GPU_SHARED = tuple(
-    f.name for f in fields(GpuSample) if f.name == "nvlinks" or f.default_factory is dict
-)
-
-
-def _sharing(previous: GpuSample, sample: GpuSample) -> GpuSample:
-    """`sample`, its links and mappings that equal `previous`'s being
-    `previous`'s own objects: what did not change is held once, and found
-    unchanged by identity (`gpuwatchd.columns`)."""
-    shared: dict[str, Any] = {}
-    for name in _GPU_SHARED:
-        before, now = getattr(previous, name), getattr(sample, name)
-        if before is not now and before == now:
-            shared[name] = before
-    if sample.nvlinks and "nvlinks" not in shared:
-        links = _links_sharing(previous.nvlinks, sample.nvlinks)
-        if links is not None:
-            shared["nvlinks"] = links
-    return replace(sample, **shared) if shared else sample
-
-
-def _links_sharing(
-    previous: Sequence[LinkSample], links: Sequence[LinkSample]
-) -> tuple[LinkSample, ...] | None:
-    """The links, each that equals the one before it as that one's object;
-    None when none does."""
-    before = {link.link: link for link in previous}
-    kept = tuple(
-        old if (old := before.get(link.link)) is not None and old == link else link
-        for link in links
-    )
-    return kept if any(a is not b for a, b in zip(kept, links, strict=True)) else None
 
 
 def _another_board(track: Track[GpuSample], sample: GpuSample) -> bool:

@@ -633,12 +633,14 @@ class _Availability:
         self._unlogged: dict[tuple[int, str, str, str], dict[str, list[int]]] = {}
 
     def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
-        with self._lock:
-            return self._refused.get((gpu, subject, source), -math.inf) > now
+        # One dict read is whole under the GIL: no lock for what every call asks.
+        return self._refused.get((gpu, subject, source), -math.inf) > now
 
     def answered(self, gpu: int, subject: str, source: str) -> None:
         """A value answers: if it had been refused, say that it is back."""
         key = (gpu, subject, source)
+        if key not in self._refused:
+            return
         with self._lock:
             back = self._refused.pop(key, None) is not None and key in self._logged
             if back:
@@ -762,6 +764,8 @@ class _Gpu:
         self.architecture: int | None = None
         self.link_counters: _LinkCounters | None = None
         self.counts = _CallCounts()
+        # The last sample read of the GPU, whose unchanged parts the next shares.
+        self.last: GpuSample | None = None
         # The values a GPU keeps (`_read_static`) as last read, and when.
         self.static: dict[str, Any] = {}
         self.static_read_at: float | None = None
@@ -1620,6 +1624,35 @@ def _read_counter_calls(read: _GpuRead, links: _Links, config: NvmlSourceConfig)
     counts.sign = sign or None
 
 
+def _link_samples(gpu: _Gpu, reads: Sequence[_LinkRead]) -> tuple[LinkSample, ...]:
+    """The links' samples, each link that reads as it did at the last poll as
+    that poll's own object (and the whole tuple, when every link does): what
+    did not change is held once, however many polls History keeps whole."""
+    before = gpu.last.nvlinks if gpu.last is not None else ()
+    by_link = {link.link: link for link in before}
+    links = []
+    for r in reads:
+        up = r.state.get("up")
+        old = by_link.get(r.link)
+        if old is not None and old.up == up and old.errors == r.errors and old.ber == r.ber:
+            links.append(old)
+        else:
+            links.append(LinkSample(gpu.index, r.link, up, r.errors, r.ber))
+    same = len(links) == len(before) and all(a is b for a, b in zip(links, before, strict=False))
+    return before if same else tuple(links)
+
+
+def _reusing(last: GpuSample | None, sample: dict[str, Any]) -> dict[str, Any]:
+    """`sample`'s fields, each mapping that equals the last sample's as that
+    sample's own object (as `_link_samples` does for links)."""
+    if last is None:
+        return sample
+    for name, value in sample.items():
+        if isinstance(value, dict) and (old := getattr(last, name)) == value:
+            sample[name] = old
+    return sample
+
+
 def _moved(before: Mapping[int, Mapping[str, int]], reads: Sequence[_LinkRead]) -> bool:
     """Whether any count read now differs from the one read before it."""
     return any(
@@ -2094,20 +2127,18 @@ class NvmlSource:
             gpu.static, gpu.static_read_at = static, now
         _check_counters(read, sample, counted)
         _settle_reset_status(reset_status, sample)
-        return GpuSample(
+        sample["xid_counts"] = dict(gpu.xid_counts)
+        gpu.last = GpuSample(
             index=gpu.index,
             up=True,
-            nvlinks=tuple(
-                LinkSample(gpu.index, r.link, r.state.get("up"), r.errors, r.ber)
-                for r in links.reads
-            ),
-            xid_counts=dict(gpu.xid_counts),
+            nvlinks=_link_samples(gpu, links.reads),
             reset_required=read.reset_required,
             responsive=read.answered,
             xid_events_received=None if self._xids is None else self._xids.receiving(gpu),
-            **sample,
+            **_reusing(gpu.last, sample),
             **gpu.static,
         )
+        return gpu.last
 
     def _static_due(self, gpu: _Gpu, now: float) -> bool:
         """Whether to read the values a GPU keeps: never read, a GPU that
