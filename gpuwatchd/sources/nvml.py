@@ -1173,7 +1173,8 @@ def _read_throttle(
             read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
             counted[reason] = name
             continue
-        instead = partial(_read_violation, read, subject, policy, seconds, reason)
+        then = f"reading {counter[0]} instead" if counter is not None else "left absent"
+        instead = partial(_read_violation, read, subject, (policy, then), seconds, reason)
         read.want(subject, field_name, seconds, reason, _scaled(_NANO), otherwise=instead)
     for reason in _COUNTED_ONLY:
         counter = _counter_field(reason, counters)
@@ -1187,9 +1188,15 @@ def _read_throttle(
 
 
 def _read_violation(
-    read: _GpuRead, subject: str, policy: int, seconds: dict[str, float], reason: str
+    read: _GpuRead,
+    subject: str,
+    asked: tuple[int, str],
+    seconds: dict[str, float],
+    reason: str,
 ) -> None:
-    violation = read.call(subject, _VIOLATION_CALL, policy)
+    """The call's violation time for `asked` (perf policy, what follows a refusal)."""
+    policy, then = asked
+    violation = read.call(subject, _VIOLATION_CALL, policy, then=then)
     if violation is not None:
         seconds[reason] = violation.violationTime * _NANO
 
