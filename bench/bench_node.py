@@ -17,16 +17,20 @@ in play) on an injected clock, then measures:
 - the series one node exports, by family, and the size of a scrape;
 - the daemon's resident memory after the polls.
 
-The fake library answers faster than a real driver (an NVML call on a real
-H100 takes tens of microseconds), so the poll time is the daemon's own cost,
-not the driver's. Canaries are left out: they run in worker processes on
-their own duty budget (bench/bench_canary.py).
+A poll's cost is the process CPU of all its threads (the NVML reads run on
+a reader thread of their own) less the fake library's own Python, which a
+real node does not run; the NVML calls it made are counted, and the driver
+time they would take on a real node is charged at `call_latency_s` a call
+(`MEASURED_CALL_LATENCY_S`, from public measurements) as a wait, not as CPU.
+Canaries are left out: they run in worker processes on their own duty
+budget (bench/bench_canary.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import tempfile
 import time
@@ -46,6 +50,31 @@ from gpuwatchd.daemon import Daemon
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.node import SimulatedNode
 
+# Memory-backed files where the system has them: the simulator rewrites its
+# sysfs tree before every poll, and on a shared disk its renames wait on I/O
+# for longer than the daemon's whole poll takes.
+_SHARED_MEMORY = "/dev/shm"
+
+
+def scratch(prefix: str) -> tempfile.TemporaryDirectory[str]:
+    """A temporary directory for a simulated node's files, in memory where possible."""
+    where = _SHARED_MEMORY if os.path.isdir(_SHARED_MEMORY) else None
+    return tempfile.TemporaryDirectory(prefix=prefix, dir=where)
+
+
+@dataclass(frozen=True)
+class PollCost:
+    """What one poll cost: CPU seconds of the whole process (every thread)
+    less the fake library's own, of the polling thread alone, and wall
+    seconds; the NVML calls it made and the driver time charged for them."""
+
+    process_cpu: float
+    thread_cpu: float
+    wall: float
+    fake_cpu: float
+    nvml_calls: int
+    driver: float
+
 
 @dataclass
 class NodeRun:
@@ -58,23 +87,45 @@ class NodeRun:
     clock: FakeClock
     config: Config
 
-    def poll(self) -> tuple[float, float]:
-        """One poll: (CPU seconds of the polling thread, wall seconds)."""
+    def poll(self) -> PollCost:
+        """One poll, and what it cost."""
         self.node.advance(self.clock.now())
-        wall, cpu = time.perf_counter(), time.thread_time()
+        nvml = self.node.nvml
+        fake, calls, driver = nvml.own_seconds, sum(nvml.calls.values()), nvml.charged_seconds
+        wall, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
         self.daemon.step()
-        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        process, thread = time.process_time() - process, time.thread_time() - thread
+        wall = time.perf_counter() - wall
+        fake = nvml.own_seconds - fake
         self.clock.advance(self.config.daemon.poll_interval)
-        return cpu, wall
+        return PollCost(
+            process_cpu=process - fake,
+            thread_cpu=thread,
+            wall=wall,
+            fake_cpu=fake,
+            nvml_calls=sum(nvml.calls.values()) - calls,
+            driver=nvml.charged_seconds - driver,
+        )
+
+    def polls_to_fill(self) -> int:
+        """Polls after which the history holds its whole length (and one to expire)."""
+        daemon = self.config.daemon
+        return int(daemon.history / daemon.poll_interval) + 2
 
 
 @contextlib.contextmanager
-def node_run(root: Path, scenario: scenarios.Scenario) -> Iterator[NodeRun]:
-    """`scenario`'s node under `root`, read by the NVML, InfiniBand and PCIe sources."""
+def node_run(
+    root: Path, scenario: scenarios.Scenario, call_latency_s: float = 0.0
+) -> Iterator[NodeRun]:
+    """`scenario`'s node under `root`, read by the NVML, InfiniBand and PCIe
+    sources; its fake library charges `call_latency_s` a call and times its
+    own Python."""
     config = Config(daemon=DaemonConfig(state_dir=str(root / "state")))
     config = config.only_sources(("nvml", "infiniband", "pcie"))
     clock = FakeClock()
     config, node = simulate(config, clock, scenario, root / "sysfs")
+    node.nvml.call_latency_s = call_latency_s
+    node.nvml.metered = True
     sources = build_sources(config, clock, xid_thread=False, uptime=node.uptime(clock))
     daemon = Daemon(config, sources, clock)
     try:
@@ -105,10 +156,10 @@ def main() -> None:
     args = parser.parse_args()
 
     with (
-        tempfile.TemporaryDirectory() as scratch,
-        node_run(Path(scratch), scenarios.load("default")) as run,
+        scratch("gpuwatchd-bench-node-") as directory,
+        node_run(Path(directory), scenarios.load("default")) as run,
     ):
-        polls = [run.poll()[1] for _ in range(args.polls)]
+        polls = [run.poll().process_cpu for _ in range(args.polls)]
         scrapes: list[float] = []
         body = b""
         for _ in range(args.scrapes):
@@ -118,7 +169,7 @@ def main() -> None:
         rss = psutil.Process().memory_info().rss
         interval = run.config.daemon.poll_interval
 
-    poll = _report("one poll (sources+checks+policy+db)", polls)
+    poll = _report("one poll, process CPU (less the fake's)", polls)
     _report("one scrape (render /metrics)", scrapes)
     per_hour = poll * 3600 / interval
     print(

@@ -14,6 +14,19 @@ the new samples, not to the window. What a Track derives lives and dies with
 the history, so it is rebuilt from the state database at a restart, as the
 history is.
 
+An hour of samples is kept as columns (`gpuwatchd.columns`): each field's
+runs of equal values, numbers unboxed, counter names interned, no per-poll
+dict or object. Only the newest samples are kept whole: a GPU's for the
+last WHOLE_GPU_SECONDS (the windows the clocks and PCIe checks read every
+poll), a port's or a PCIe function's the latest alone (their checks read
+Columns); an older sample is made again from its columns when asked for.
+The NVML source gives a GPU's sample the last one's links and mappings
+where they did not change, so the whole ones cost little more than their
+numbers.
+What a Track derives (Columns, Areas, change marks) is kept the same way:
+running totals in typed arrays, the rare events (a reset, a saturated or an
+absent value) as the positions they happened at.
+
 Polls closer together than `max_age_seconds / (max_samples - 2)` (0.88 s for
 an hour in 4096 samples) would fill the ring before the hour is covered and
 cut every window short. So the kept samples are at least that far apart: the
@@ -25,17 +38,20 @@ nothing (they are cumulative), and each poll's own sample is judged as it comes.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from functools import reduce
 from operator import add
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
+from gpuwatchd.columns import SampleColumns
 from gpuwatchd.counters import Increase, is_saturated
 from gpuwatchd.model import (
     NVML_SOURCE,
     GpuSample,
+    LinkSample,
     NvmlUnavailable,
     PcieFunctionSample,
     PortSample,
@@ -55,6 +71,91 @@ Number = int | float
 _EXACT = 2**53
 # What a Track derives drops the samples that left it this many at a time.
 _DROP_BATCH = 64
+# How far back a GPU's samples are kept whole: the clocks and PCIe checks read
+# their 15 windows of a minute every poll (checks.clocks, checks.pcie), and
+# the NVLink check its 3; older samples are made again from their columns.
+WHOLE_GPU_SECONDS = 16 * 60.0
+
+
+class _Numbers:
+    """Numbers position by position: unboxed in a typed array while they all
+    fit one (64-bit ints, or floats), as a list of Python numbers once one
+    does not."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: array[Any] | list[Number] = array("q")
+
+    def append(self, value: Number) -> None:
+        items = self.items
+        if isinstance(items, array):
+            if not items and isinstance(value, float) and items.typecode == "q":
+                items = self.items = array("d")
+            try:
+                if (items.typecode == "d") == isinstance(value, float):
+                    items.append(value)
+                    return
+            except OverflowError:
+                pass
+            items = self.items = list(items)
+        items.append(value)
+
+    def __getitem__(self, index: int) -> Number:
+        value: Number = self.items[index]
+        return value
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def pop(self) -> None:
+        self.items.pop()
+
+    def drop_first(self, count: int) -> None:
+        del self.items[:count]
+
+
+class _Marks:
+    """The sequence numbers of the samples where something rare happened (a
+    reset, a saturated or an absent value), oldest first."""
+
+    __slots__ = ("seqs",)
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+
+    def add(self, seq: int) -> None:
+        self.seqs.append(seq)
+
+    def count(self, first: int, last: int) -> int:
+        """How many of first..last are marked."""
+        if last < first or not self.seqs:
+            return 0
+        return bisect_right(self.seqs, last) - bisect_left(self.seqs, first)
+
+    def forget_from(self, seq: int) -> None:
+        while self.seqs and self.seqs[-1] >= seq:
+            self.seqs.pop()
+
+    def forget_before(self, seq: int) -> None:
+        del self.seqs[: bisect_left(self.seqs, seq)]
+
+
+class _Derived(Protocol[T_contra]):
+    """What a Track derives from its samples, kept from sequence number
+    `first` to `taken` (exclusive); `stamp` is the stamp of the sample taken
+    last, `skip` how many of the first ones the track no longer holds."""
+
+    first: int
+    taken: int
+    stamp: int
+    skip: int
+
+    def take(self, sample: T_contra, seq: int, position: int) -> None: ...
+
+    def drop_last(self) -> None: ...
+
+    def drop_before(self, seq: int) -> None: ...
 
 
 class Column(Generic[T]):
@@ -73,104 +174,126 @@ class Column(Generic[T]):
         self._value = value
         self._bits = bits
         self._lifetime = lifetime
-        self.values: list[Number | None] = []
-        self._steps: list[Number] = []
-        # Running totals up to and including each position. `_whole` adds only
-        # the whole, non-negative increments; `_inexact` counts the others.
-        self._whole: list[int] = []
-        self._inexact: list[int] = []
-        self._resets: list[int] = []
-        self._saturated: list[int] = []
-        self._present: list[int] = []
-        # The last present value before the first position kept.
-        self._before: Number | None = None
-        self.stamps: list[int] = []
-        self.skip = 0
+        self.first = self.taken = self.stamp = self.skip = 0
+        # Each position's value (absent ones marked) and the running total of
+        # its whole, non-negative increments up to and including it.
+        self._values = _Numbers()
+        self._whole = _Numbers()
+        self._absent = _Marks()
+        self._resets = _Marks()
+        self._saturated = _Marks()
+        # Positions whose increment is not a whole number, and every
+        # position's increment as a float once there is one.
+        self._inexact = _Marks()
+        self._steps: array[float] | None = None
+        # The last present value taken, and the one before it (for drop_last).
+        self._last: Number | None = None
+        self._before_last: Number | None = None
 
-    def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
-        value = self._value(samples[position])
-        previous = next((v for v in reversed(self.values) if v is not None), self._before)
+    def take(self, sample: T, seq: int, position: int) -> None:
+        value = self._value(sample)
+        previous = self._last
         step: Number = 0
-        reset = saturated = present = 0
-        if value is not None:
-            present = 1
-            saturated = int(is_saturated(value, self._bits))
+        if value is None:
+            self._absent.add(seq)
+        else:
+            if is_saturated(value, self._bits):
+                self._saturated.add(seq)
             if previous is not None:
                 if value >= previous:
                     step = value - previous
                 else:
-                    reset, step = 1, 0 if self._lifetime else value
-        whole, inexact = (step, 0) if isinstance(step, int) and step >= 0 else (0, 1)
-        last = len(self.values) - 1
-        self.values.append(value)
-        self._steps.append(step)
-        self._whole.append(whole + (self._whole[last] if last >= 0 else 0))
-        self._inexact.append(inexact + (self._inexact[last] if last >= 0 else 0))
-        self._resets.append(reset + (self._resets[last] if last >= 0 else 0))
-        self._saturated.append(saturated + (self._saturated[last] if last >= 0 else 0))
-        self._present.append(present + (self._present[last] if last >= 0 else 0))
-        self.stamps.append(stamp)
+                    self._resets.add(seq)
+                    step = 0 if self._lifetime else value
+            self._before_last, self._last = previous, value
+        whole = isinstance(step, int) and step >= 0
+        if not whole:
+            self._inexact.add(seq)
+            if self._steps is None:
+                self._steps = self._replayed_steps()
+        if self._steps is not None:
+            self._steps.append(float(step))
+        total = self._whole[-1] if len(self._whole) else 0
+        self._values.append(0 if value is None else value)
+        self._whole.append(total + step if whole else total)
+        self.taken = seq + 1
 
-    def _lists(self) -> tuple[list[int] | list[Number] | list[Number | None], ...]:
-        return (
-            self.values,
-            self._steps,
-            self._whole,
-            self._inexact,
-            self._resets,
-            self._saturated,
-            self._present,
-            self.stamps,
-        )
+    def _replayed_steps(self) -> array[float]:
+        """Every increment taken so far, as a float: they were all whole."""
+        totals = self._whole.items
+        return array("d", (float(b - a) for a, b in zip([0, *totals], totals, strict=False)))
 
     def drop_last(self) -> None:
-        for kept in self._lists():
-            kept.pop()
+        seq = self.taken - 1
+        absent = self._absent.count(seq, seq)
+        for marks in (self._absent, self._resets, self._saturated, self._inexact):
+            marks.forget_from(seq)
+        self._values.pop()
+        self._whole.pop()
+        if self._steps is not None:
+            self._steps.pop()
+        if not absent:
+            # A Track replaces only its last sample, and takes the new one
+            # before it can replace again: one value back is all it needs.
+            self._last, self._before_last = self._before_last, None
+        self.taken = seq
 
-    def drop_first(self, count: int) -> None:
-        self._before = next(
-            (v for v in reversed(self.values[:count]) if v is not None), self._before
-        )
-        for kept in self._lists():
-            del kept[:count]
+    def drop_before(self, seq: int) -> None:
+        count = min(seq, self.taken) - self.first
+        if count <= 0:
+            return
+        for marks in (self._absent, self._resets, self._saturated, self._inexact):
+            marks.forget_before(seq)
+        self._values.drop_first(count)
+        self._whole.drop_first(count)
+        if self._steps is not None:
+            del self._steps[:count]
+        self.first += count
+
+    def _seq(self, position: int) -> int:
+        return self.first + self.skip + position
 
     def present(self, first: int, last: int) -> int:
         """How many of positions first..last hold a value."""
-        return self._count(self._present, first + self.skip, last + self.skip)
+        if last < first:
+            return 0
+        return last - first + 1 - self._absent.count(self._seq(first), self._seq(last))
 
     def saturated(self, first: int, last: int) -> bool:
         """Whether any of positions first..last stands at the saturation maximum."""
-        return self._count(self._saturated, first + self.skip, last + self.skip) > 0
-
-    @staticmethod
-    def _count(totals: list[int], first: int, last: int) -> int:
-        if last < first:
-            return 0
-        return totals[last] - (totals[first - 1] if first > 0 else 0)
+        return self._saturated.count(self._seq(first), self._seq(last)) > 0
 
     def increase(self, first: int, last: int, times: Sequence[float]) -> Increase:
         """`counters.increase` over positions first..last, both included."""
         if last < first:
             return Increase(increase=0.0, seconds=0.0)
-        skip = self.skip
-        first, last = first + skip, last + skip
-        if self._count(self._present, first, last) != last - first + 1:
+        start, end = self._seq(first), self._seq(last)
+        absent = self._absent.count(start, end)
+        if absent:
             # Absent values: the increase runs between the present ones.
-            present = [p for p in range(first, last + 1) if self.values[p] is not None]
-            if not present:
+            if absent == end - start + 1:
                 return Increase(increase=0.0, seconds=0.0)
-            first, last = present[0], present[-1]
-        grown = self._whole[last] - self._whole[first]
-        if self._inexact[last] != self._inexact[first] or grown >= _EXACT:
-            total = reduce(add, self._steps[first + 1 : last + 1], 0.0)
+            first = next(p for p in range(first, last + 1) if self.present(p, p))
+            last = next(p for p in range(last, first - 1, -1) if self.present(p, p))
+            start, end = self._seq(first), self._seq(last)
+        index, final = start - self.first, end - self.first
+        grown = self._whole[final] - self._whole[index]
+        if self._inexact.count(start + 1, end) or grown >= _EXACT:
+            total = reduce(add, self._steps_between(index + 1, final + 1), 0.0)
         else:
             total = float(grown)
         return Increase(
             increase=total,
-            seconds=times[last - skip] - times[first - skip],
-            resets=self._resets[last] - self._resets[first],
-            saturated=self._count(self._saturated, first, last) > 0,
+            seconds=times[last] - times[first],
+            resets=self._resets.count(start + 1, end),
+            saturated=self._saturated.count(start, end) > 0,
         )
+
+    def _steps_between(self, start: int, end: int) -> Sequence[Number]:
+        if self._steps is not None:
+            return self._steps[start:end]
+        totals = self._whole.items
+        return [totals[i] - totals[i - 1] for i in range(start, end)]
 
 
 class Area(Generic[T]):
@@ -181,31 +304,34 @@ class Area(Generic[T]):
     def __init__(self, value: Callable[[T], Number | None], times: Sequence[float]) -> None:
         self._value = value
         self._times = times
-        self._values: list[Number | None] = []
+        self.first = self.taken = self.stamp = self.skip = 0
         # The interval ending at each position (nothing at the first kept).
-        self._areas: list[float] = []
-        self.stamps: list[int] = []
-        self.skip = 0
+        self._areas = array("d")
+        self._ends: list[Number | None] = []
 
-    def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
-        value = self._value(samples[position])
+    def take(self, sample: T, seq: int, position: int) -> None:
+        value = self._value(sample)
         area = 0.0
         if position:
             start, end = self._times[position - 1], self._times[position]
-            before = self._values[-1] if self._values else None
+            before = self._ends[-1] if self._ends else None
             if before is not None and value is not None and end > start:
                 area = min(before, value) * (end - start)
-        self._values.append(value)
         self._areas.append(area)
-        self.stamps.append(stamp)
+        # The value at the last two positions: the next interval's start.
+        self._ends = [*self._ends[-1:], value]
+        self.taken = seq + 1
 
     def drop_last(self) -> None:
-        for kept in (self._values, self._areas, self.stamps):
-            kept.pop()
+        self._areas.pop()
+        self._ends = self._ends[:-1]
+        self.taken -= 1
 
-    def drop_first(self, count: int) -> None:
-        for kept in (self._values, self._areas, self.stamps):
-            del kept[:count]
+    def drop_before(self, seq: int) -> None:
+        count = min(seq, self.taken) - self.first
+        if count > 0:
+            del self._areas[:count]
+            self.first += count
 
     def integral(self, first: int, last: int) -> float:
         """`counters.gauge_integral` over positions first..last: the same
@@ -213,22 +339,139 @@ class Area(Generic[T]):
         return reduce(add, self._areas[first + self.skip + 1 : last + self.skip + 1], 0.0)
 
 
+class _Changes(Generic[T]):
+    """The sequence numbers of the samples whose `value` differs from the
+    sample's before."""
+
+    def __init__(self, value: Callable[[T], object]) -> None:
+        self._value = value
+        self.first = self.taken = self.stamp = self.skip = 0
+        self.changed = _Marks()
+        # The values at the last two positions taken (for drop_last).
+        self._values: list[object] = []
+
+    def take(self, sample: T, seq: int, position: int) -> None:
+        value = self._value(sample)
+        if position and self._values and value != self._values[-1]:
+            self.changed.add(seq)
+        self._values = [*self._values[-1:], value]
+        self.taken = seq + 1
+
+    def drop_last(self) -> None:
+        self.changed.forget_from(self.taken - 1)
+        self._values = self._values[:-1]
+        self.taken -= 1
+
+    def drop_before(self, seq: int) -> None:
+        self.changed.forget_before(seq)
+        self.first = max(self.first, min(seq, self.taken))
+
+    def last(self) -> int | None:
+        """The sequence number of the latest change, if any."""
+        seqs = self.changed.seqs
+        return seqs[-1] if seqs else None
+
+
+class _Samples(Sequence[T]):
+    """A Track's samples, oldest first: every one as columns (when the track
+    keeps columns), the newest `whole` ones as they were recorded."""
+
+    def __init__(self, columns: SampleColumns[T] | None) -> None:
+        self._columns = columns
+        self._whole: list[T] = []
+        self.first = 0  # the sequence number of position 0
+        self._count = 0
+        # The first sequence number the columns still hold.
+        self._columns_first = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | list[T]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._count)
+            made = self._count - len(self._whole)
+            if step == 1 and start >= made:
+                return self._whole[start - made : stop - made]
+            return [self._at(position) for position in range(start, stop, step)]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError("sample position out of range")
+        return self._at(index)
+
+    def __iter__(self) -> Iterator[T]:
+        return (self._at(position) for position in range(self._count))
+
+    def _at(self, position: int) -> T:
+        whole = position - (self._count - len(self._whole))
+        if whole >= 0:
+            return self._whole[whole]
+        assert self._columns is not None
+        return self._columns.at(self.first + position)
+
+    def append(self, sample: T) -> None:
+        if self._columns is not None:
+            self._columns.put(self.first + self._count, sample)
+        self._whole.append(sample)
+        self._count += 1
+
+    def replace_last(self, sample: T) -> None:
+        seq = self.first + self._count - 1
+        if self._columns is not None:
+            self._columns.forget_from(seq)
+            self._columns.put(seq, sample)
+        self._whole[-1] = sample
+
+    def drop_first(self, count: int) -> None:
+        self.first += count
+        self._count -= count
+        if len(self._whole) > self._count:
+            del self._whole[: len(self._whole) - self._count]
+        if self._columns is not None and self.first - self._columns_first >= _DROP_BATCH:
+            self._columns.forget_before(self.first)
+            self._columns_first = self.first
+
+    def keep_whole(self, count: int) -> None:
+        """Keep only the newest `count` samples whole (all of them without columns)."""
+        if self._columns is None:
+            return
+        if len(self._whole) > max(1, count):
+            del self._whole[: len(self._whole) - max(1, count)]
+
+
 class Track(Generic[T]):
     """One subject's samples, oldest first, with the Columns and change marks
-    checks asked for, brought up to date when next asked."""
+    checks asked for, brought up to date when next asked.
 
-    def __init__(self, max_samples: int, spacing: float = 0.0) -> None:
+    `columns`: keep the samples as columns (`gpuwatchd.columns`), and only
+    those of the last `whole_seconds` whole; without, every sample is kept
+    whole."""
+
+    def __init__(
+        self,
+        max_samples: int,
+        spacing: float = 0.0,
+        columns: SampleColumns[T] | None = None,
+        whole_seconds: float = 0.0,
+    ) -> None:
         self.max_samples = max_samples
         # Kept samples are at least this far apart (but the newest): see the
         # module's docstring.
         self.spacing = spacing
+        self.whole_seconds = whole_seconds
         self.times: list[float] = []
-        self.samples: list[T] = []
+        self.samples = _Samples(columns)
         # A stamp per sample, new for each sample taken in (a replaced one too):
         # what a Column compares to see which samples it has not seen.
         self._stamps: list[int] = []
         self._next_stamp = 0
-        self._items: tuple[tuple[float, T], ...] | None = None
         self._columns: dict[Hashable, Column[T]] = {}
         self._changes: dict[Hashable, _Changes[T]] = {}
         self._areas: dict[Hashable, Area[T]] = {}
@@ -237,14 +480,13 @@ class Track(Generic[T]):
         return len(self.samples)
 
     def append(self, time: float, sample: T) -> None:
-        self._items = None
         self._next_stamp += 1
         times = self.times
         if times and (
             times[-1] == time or (len(times) > 1 and times[-1] - times[-2] < self.spacing)
         ):
             times[-1] = time
-            self.samples[-1] = sample
+            self.samples.replace_last(sample)
             self._stamps[-1] = self._next_stamp
             return
         self.times.append(time)
@@ -252,6 +494,7 @@ class Track(Generic[T]):
         self._stamps.append(self._next_stamp)
         if len(self.samples) > self.max_samples:
             self._drop_first(1)
+        self.samples.keep_whole(len(times) - bisect_left(times, time - self.whole_seconds))
 
     def expire(self, oldest: float) -> None:
         """Drop what is older than `oldest`, but one: rates over a full window need it."""
@@ -259,26 +502,23 @@ class Track(Generic[T]):
         while len(self.times) - count > 1 and self.times[count + 1] < oldest:
             count += 1
         if count:
-            self._items = None
             self._drop_first(count)
 
     def _drop_first(self, count: int) -> None:
         del self.times[:count]
-        del self.samples[:count]
         del self._stamps[:count]
+        self.samples.drop_first(count)
 
-    def items(self) -> tuple[tuple[float, T], ...]:
+    def items(self) -> list[tuple[float, T]]:
         """(time, sample) pairs, oldest first."""
-        if self._items is None:
-            self._items = tuple(zip(self.times, self.samples, strict=True))
-        return self._items
+        return list(zip(self.times, self.samples, strict=True))
 
     def tail(self, first: int) -> list[tuple[float, T]]:
         """(time, sample) pairs from position `first` on."""
         return list(zip(self.times[first:], self.samples[first:], strict=True))
 
     def latest(self) -> T | None:
-        return self.samples[-1] if self.samples else None
+        return self.samples[-1] if len(self.samples) else None
 
     def at_or_before(self, time: float) -> int:
         """The position of the last sample at or before `time` (0 when none
@@ -330,62 +570,33 @@ class Track(Generic[T]):
         if marks is None:
             marks = self._changes[key] = _Changes(value)
         self._sync(marks)
-        if not marks.changed:
-            return 0
-        position = bisect_left(self._stamps, marks.changed[-1])
-        return position if self._stamps[position] == marks.changed[-1] else 0
+        changed = marks.last()
+        position = -1 if changed is None else changed - self.samples.first
+        return position if position > 0 else 0
 
     def _sync(self, kept: _Derived[T]) -> None:
         """Bring what was derived from the samples up to date with them: the
-        samples that left the track out, a last one replaced since redone,
-        the new ones in."""
-        stamps = self._stamps
-        gone = bisect_left(kept.stamps, stamps[0]) if stamps else len(kept.stamps)
-        if gone >= _DROP_BATCH or gone == len(kept.stamps):
-            kept.drop_first(gone)
-            gone = 0
-        kept.skip = gone
-        if len(kept.stamps) > gone and kept.stamps[-1] != stamps[len(kept.stamps) - gone - 1]:
+        samples that left the track out (in batches), a last one replaced
+        since redone, the new ones in."""
+        first, count = self.samples.first, len(self.samples)
+        if count and kept.taken == first + count and kept.stamp == self._stamps[-1]:
+            # Up to date: only what left the track since may need dropping.
+            if first - kept.first >= _DROP_BATCH:
+                kept.drop_before(first)
+            kept.skip = first - kept.first
+            return
+        if kept.taken <= first:
+            kept.drop_before(kept.taken)
+            kept.first = kept.taken = first
+        elif first - kept.first >= _DROP_BATCH:
+            kept.drop_before(first)
+        kept.skip = first - kept.first
+        if kept.taken > first and kept.stamp != self._stamps[kept.taken - 1 - first]:
             kept.drop_last()
-        for position in range(len(kept.stamps) - gone, len(stamps)):
-            kept.take(self.samples, position, stamps[position])
-
-
-class _Derived(Protocol[T_contra]):
-    # A stamp per sample taken in, oldest first; the first `skip` of them
-    # have left the track (dropped in batches, not one by one each poll).
-    stamps: list[int]
-    skip: int
-
-    def take(self, samples: Sequence[T_contra], position: int, stamp: int) -> None: ...
-
-    def drop_last(self) -> None: ...
-
-    def drop_first(self, count: int) -> None: ...
-
-
-class _Changes(Generic[T]):
-    """The stamps of the samples whose `value` differs from the sample's before."""
-
-    def __init__(self, value: Callable[[T], object]) -> None:
-        self._value = value
-        self.stamps: list[int] = []
-        self.changed: list[int] = []
-        self.skip = 0
-
-    def take(self, samples: Sequence[T], position: int, stamp: int) -> None:
-        if position and self._value(samples[position]) != self._value(samples[position - 1]):
-            self.changed.append(stamp)
-        self.stamps.append(stamp)
-
-    def drop_last(self) -> None:
-        if self.changed and self.changed[-1] == self.stamps[-1]:
-            self.changed.pop()
-        self.stamps.pop()
-
-    def drop_first(self, count: int) -> None:
-        del self.stamps[:count]
-        del self.changed[: bisect_left(self.changed, self.stamps[0]) if self.stamps else None]
+        for seq in range(kept.taken, first + count):
+            position = seq - first
+            kept.take(self.samples[position], seq, position)
+            kept.stamp = self._stamps[position]
 
 
 class History:
@@ -413,7 +624,9 @@ class History:
         for gpu in reading.gpus or ():
             track = self._gpus.get(gpu.index)
             if track is None or _another_board(track, gpu):
-                track = self._gpus[gpu.index] = Track(self.max_samples, self._spacing)
+                columns = SampleColumns(GpuSample, {"nvlinks": ("link", LinkSample)})
+                track = Track(self.max_samples, self._spacing, columns, WHOLE_GPU_SECONDS)
+                self._gpus[gpu.index] = track
             track.append(reading.time, gpu)
         if reading.ports is not None:
             self.last_port_poll = max(self.last_port_poll or reading.time, reading.time)
@@ -421,14 +634,15 @@ class History:
             key = (port.device, port.port)
             ring = self._ports.get(key)
             if ring is None:
-                ring = self._ports[key] = Track(self.max_samples, self._spacing)
+                ring = Track(self.max_samples, self._spacing, SampleColumns(PortSample))
+                self._ports[key] = ring
             ring.append(reading.time, port)
         for function in reading.pcie_functions or ():
             functions = self._functions.get(function.address)
             if functions is None:
-                functions = self._functions[function.address] = Track(
-                    self.max_samples, self._spacing
-                )
+                by_field = SampleColumns(PcieFunctionSample)
+                functions = Track(self.max_samples, self._spacing, by_field)
+                self._functions[function.address] = functions
             functions.append(reading.time, function)
         self._xids.extend(reading.xid_events)
         self._sxids.extend(reading.sxid_events)

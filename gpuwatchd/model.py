@@ -337,6 +337,33 @@ class InfinibandDevice:
     node_guid: str | None = None
 
 
+# Widths of the IBTA PortCounters behind each InfiniBand `counters/` file (the kernel's
+# PORT_PMA_ATTR table in drivers/infiniband/core/sysfs.c). They clamp at
+# 2**bits - 1 instead of wrapping. The data and packet counters have no entry:
+# where the HCA offers PortCountersExtended (mlx5 does) the kernel shows their
+# 64-bit versions, which do not fill up in practice.
+COUNTER_BITS: Mapping[str, int] = MappingProxyType(
+    {
+        "symbol_error": 16,
+        "link_error_recovery": 8,
+        "link_downed": 8,
+        "port_rcv_errors": 16,
+        "port_rcv_remote_physical_errors": 16,
+        "port_rcv_switch_relay_errors": 16,
+        "port_xmit_discards": 16,
+        "port_xmit_constraint_errors": 8,
+        "port_rcv_constraint_errors": 8,
+        "local_link_integrity_errors": 4,
+        "excessive_buffer_overrun_errors": 4,
+        "VL15_dropped": 16,
+        "port_xmit_wait": 32,
+    }
+)
+
+# A link's rate in Gb/s as bytes a second.
+BYTES_PER_GIGABIT = 125_000_000
+
+
 @dataclass(frozen=True)
 class PortSample:
     """One InfiniBand (or RoCE) port: state, rate and every counter file.
@@ -403,6 +430,18 @@ AER_SEVERITIES: Mapping[str, tuple[str, str]] = MappingProxyType(
 )
 # What a PCIe function watched for AER is: a GPU, or an InfiniBand HCA.
 PCIE_FUNCTION_KINDS: tuple[str, ...] = ("gpu", "hca")
+
+
+def canonical_address(bus_id: str) -> str | None:
+    """A PCI address as the kernel writes it: `00000000:18:00.0` (NVML) or
+    `0000:18:00.0` (sysfs) -> `0000:18:00.0`; None for what is no address."""
+    try:
+        domain, bus, rest = bus_id.strip().lower().split(":")
+        device, function = rest.split(".")
+        numbers = (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
+    except ValueError:
+        return None
+    return "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,20 @@ def test_the_quick_benchmark_writes_every_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(output.read_text())
     assert set(results["shapes"]) == {"1", "4", "8", "16"}
-    for shape in results["shapes"].values():
-        for name in ("poll_cpu", "poll_wall"):
+    for gpus, shape in results["shapes"].items():
+        for name in ("poll_process_cpu", "poll_thread_cpu", "poll_wall", "fake_nvml_cpu"):
             assert all(measured(shape[name][key]) for key in SPREAD)
+        assert shape["nvml_calls_per_poll"] > int(gpus)
+        assert shape["nvml_driver_ms_per_poll"] > 0
         assert shape["series"] > 0 and shape["bytes"] > 0
     main = results["shapes"]["8"]
     for name in ("render_uncached", "scrape_cached", "http_scrape_cached"):
         assert all(measured(main[name][key]) for key in SPREAD)
+    # The memory figures of a run that filled the history, the quick one too.
     rss = results["rss"]
-    assert rss["rss_end_mib"] > 0 and measured(abs(rss["rss_growth_after_fill_mib"]))
+    assert rss["polls"] >= rss["history_full_at"]
+    assert 0 < rss["start_mib"] <= rss["full_history_mib"] + 1
+    assert measured(rss["growth_after_fill_mib"]) and measured(rss["simulator_share_mib"])
     assert {"default", "1s"} == set(results["cpu_share"])
     for share in results["cpu_share"].values():
         assert share["total_percent"] == pytest.approx(

@@ -14,6 +14,7 @@ from gpuwatchd.history import History
 from gpuwatchd.model import Action, GpuSample, Reading, Severity
 from gpuwatchd.sim.scenario import CONFIG_SETTINGS
 from gpuwatchd.snapshot import Snapshot
+from gpuwatchd.sources import NvmlSourceConfig
 
 ALIKE = {
     "name": "NVIDIA H100 80GB HBM3",
@@ -83,10 +84,14 @@ def test_a_lost_gpu_is_not_compared() -> None:
 
 @pytest.mark.parametrize("setting", CONFIG_SETTINGS)
 def test_a_drifted_setting_of_the_simulator_is_read_through_nvml_and_found(setting: str) -> None:
+    # Persistence is read every poll (nvidia-smi -pm changes it while the
+    # driver runs); the other settings with the GPU's static values, every
+    # static_refresh, so the drift is found there.
     faults = f"[{{at: 5s, kind: config_drift, gpu: 1, setting: {setting}}}]"
+    refresh = NvmlSourceConfig().static_refresh
     with simulated_node(faults, gpus=3) as sim:
         before = sim.poll_at(1)
-        after = sim.poll_at(10)
+        after = sim.poll_at(10 if setting == "persistence_mode" else 1 + refresh)
     history = History(max_age_seconds=3600.0)
     history.record(before)
     assert config_drift.run(history).findings == ()

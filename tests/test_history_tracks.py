@@ -1,15 +1,18 @@
 """History's tracks: the windows and running totals checks read must give what
 the counter maths gives over the same samples, however the track was fed
-(samples replaced at the same time, expired, a column first asked for late)."""
+(samples replaced at the same time, expired, a column first asked for late),
+and whether it keeps its samples whole or as columns (read back when asked)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwatchd.checks.common import tail_from
+from gpuwatchd.columns import SampleColumns
 from gpuwatchd.counters import gauge_integral, increase, window
 from gpuwatchd.history import Track, series
 
@@ -21,6 +24,13 @@ class _Sample:
 
 def _value(sample: _Sample) -> int | float | None:
     return sample.value
+
+
+def _track(max_samples: int, as_columns: bool) -> Track[_Sample]:
+    """A track keeping every sample whole, or all as columns and the latest whole."""
+    if as_columns:
+        return Track(max_samples=max_samples, columns=SampleColumns(_Sample))
+    return Track(max_samples=max_samples)
 
 
 BITS = 8
@@ -47,11 +57,16 @@ def _feed(track: Track[_Sample], plan: list[tuple[int | float | None, bool, bool
 
 
 @settings(derandomize=True, max_examples=300)
-@given(steps, st.floats(min_value=-20, max_value=500), st.floats(min_value=0, max_value=200))
+@given(
+    steps,
+    st.floats(min_value=-20, max_value=500),
+    st.floats(min_value=0, max_value=200),
+    st.booleans(),
+)
 def test_column_increase_matches_the_counter_maths_over_any_window(
-    plan: list[tuple[int | float | None, bool, bool]], end: float, seconds: float
+    plan: list[tuple[int | float | None, bool, bool]], end: float, seconds: float, as_columns: bool
 ) -> None:
-    track: Track[_Sample] = Track(max_samples=12)
+    track = _track(12, as_columns)
     _feed(track, plan)
     column = track.column("value", _value, BITS)
     points = series(track.items(), _value)
@@ -66,9 +81,12 @@ def test_column_increase_matches_the_counter_maths_over_any_window(
     assert area == gauge_integral(window(points, latest, seconds))
 
 
-def test_a_long_running_track_gives_what_its_samples_give_after_many_expire() -> None:
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_long_running_track_gives_what_its_samples_give_after_many_expire(
+    as_columns: bool,
+) -> None:
     # Long enough that what the track derived drops expired samples in batches.
-    track: Track[_Sample] = Track(max_samples=4096)
+    track = _track(4096, as_columns)
     for step in range(1000):
         time = step * 10.0
         value = None if step % 37 == 0 else (step * 7) % 250 + (step % 3) * 0.5
@@ -86,19 +104,22 @@ def test_a_long_running_track_gives_what_its_samples_give_after_many_expire() ->
 
 
 @settings(derandomize=True, max_examples=300)
-@given(steps)
+@given(steps, st.booleans())
 def test_last_change_is_where_the_value_last_differed(
-    plan: list[tuple[int | float | None, bool, bool]],
+    plan: list[tuple[int | float | None, bool, bool]], as_columns: bool
 ) -> None:
-    track: Track[_Sample] = Track(max_samples=12)
+    track = _track(12, as_columns)
     _feed(track, plan)
     values = [sample.value for sample in track.samples]
     differs = [p for p in range(1, len(values)) if values[p] != values[p - 1]]
     assert track.last_change("value", _value) == (differs[-1] if differs else 0)
 
 
-def test_a_track_keeps_one_sample_older_than_the_horizon_and_at_most_max_samples() -> None:
-    track: Track[_Sample] = Track(max_samples=3)
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_track_keeps_one_sample_older_than_the_horizon_and_at_most_max_samples(
+    as_columns: bool,
+) -> None:
+    track = _track(3, as_columns)
     for time in range(0, 60, 10):
         track.append(float(time), _Sample(time))
     assert track.times == [30.0, 40.0, 50.0]

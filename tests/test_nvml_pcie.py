@@ -4,10 +4,12 @@ the simulator's faults shape it and as the exporter renders it."""
 from __future__ import annotations
 
 import metrics_support
+import pynvml
 from nvml_support import A100, H100, simulated_node
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwatchd.export.gpu import families
+from gpuwatchd.sim.fake_nvml import FakeNvml
 from gpuwatchd.snapshot import Snapshot
 
 
@@ -46,12 +48,26 @@ def test_replay_storm_grows_the_replay_counter_at_its_rate() -> None:
         assert node.gpu_at(70, index=1).pcie_replays == 0
 
 
+def without_the_replay_counter(fake: FakeNvml) -> None:
+    """A driver that has the replay counter neither as a field nor as a call."""
+    fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake.remove_function("nvmlDeviceGetPcieReplayCounter")
+
+
 def test_driver_without_the_replay_counter_leaves_it_absent() -> None:
-    with simulated_node(
-        before_start=lambda fake: fake.remove_function("nvmlDeviceGetPcieReplayCounter")
-    ) as node:
+    with simulated_node(before_start=without_the_replay_counter) as node:
         sample = node.gpu_at(30)
     assert sample.pcie_replays is None and sample.pcie_link_width == 16
+
+
+def test_a_driver_refusing_the_replay_field_is_read_by_the_call() -> None:
+    def refusing_the_field(fake: FakeNvml) -> None:
+        fake.fail_field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    faults = "[{kind: pcie_replay_storm, gpu: 0, at: 10s, rate: 5/s}]"
+    with simulated_node(faults, before_start=refusing_the_field) as node:
+        assert node.gpu_at(10).pcie_replays == 0
+        assert node.gpu_at(70).pcie_replays == 300
 
 
 def test_exporter_renders_link_gauges_and_the_replay_counter() -> None:

@@ -235,15 +235,13 @@ def test_gpu_without_nvlinks_reports_none() -> None:
         assert sample.temperature_gpu_celsius is not None
 
 
-# -- violation status refused ------------------------------------------------------
+# -- violation time: the perf-policy fields, the call where a driver refuses them ---------
 
 
-def test_violation_status_refused_reads_the_field_value_replacements(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_violation_time_comes_from_the_fields_without_the_deprecated_call() -> None:
     # R580 still answers the call (nvml.h 13.0: DEPRECATED(13.0) is a no-op,
-    # removal is for CUDA 14.0); a driver that refuses it is made here.
-    caplog.set_level(logging.INFO, logger=NVML_LOG)
+    # removal is for CUDA 14.0); a driver that refuses it is made here, and
+    # the batch's perf-policy fields give the same time without it.
     with simulated_node(
         "[{at: 10s, kind: power_cap, gpu: 0}]",
         driver_version=R580_DRIVER_VERSION,
@@ -253,14 +251,34 @@ def test_violation_status_refused_reads_the_field_value_replacements(
     ) as node:
         with pytest.raises(pynvml.NVMLError_Deprecated):
             pynvml.nvmlDeviceGetViolationStatus(pynvml.nvmlDeviceGetHandleByIndex(0), 0)
+        asked = node.fake.calls["nvmlDeviceGetViolationStatus"]
         first = node.gpu_at(20)
         second = node.gpu_at(50)
         assert set(first.throttle_seconds) == set(THROTTLE_REASONS)
         assert second.throttle_seconds["power"] - first.throttle_seconds["power"] >= 30
         state = node.hardware.state(0)
         assert second.throttle_seconds["power"] == pytest.approx(state.violation_ns["power"] / 1e9)
-        assert node.poll_at(60).driver_version == R580_DRIVER_VERSION
-    assert len(messages(caplog, "GPU 0", "throttle_seconds[power]", "Deprecated")) == 1
+        assert node.fake.calls["nvmlDeviceGetViolationStatus"] == asked
+
+
+def test_perf_policy_fields_refused_read_the_violation_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=NVML_LOG)
+
+    def refusing_the_fields(fake: FakeNvml) -> None:
+        fake.fail_field(pynvml.NVML_FI_DEV_PERF_POLICY_POWER, pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    with simulated_node(
+        "[{at: 10s, kind: power_cap, gpu: 0}]", before_start=refusing_the_fields
+    ) as node:
+        first = node.gpu_at(20)
+        second = node.gpu_at(50)
+        state = node.hardware.state(0)
+    assert second.throttle_seconds["power"] - first.throttle_seconds["power"] >= 30
+    assert second.throttle_seconds["power"] == pytest.approx(state.violation_ns["power"] / 1e9)
+    refusals = messages(caplog, "GPU 0", "throttle_seconds[power]", "NVML_FI_DEV_PERF_POLICY_POWER")
+    assert len(refusals) == 1
 
 
 # -- lost GPUs ------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from gpuwatchd.checks import aer
 from gpuwatchd.checks.aer import AerConfig
 from gpuwatchd.export import pcie as pcie_export
 from gpuwatchd.history import History
-from gpuwatchd.model import PcieFunctionSample, PortSample, Reading, Severity
+from gpuwatchd.model import PcieFunctionSample, PortSample, Reading, Severity, canonical_address
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import PcieSourceConfig
-from gpuwatchd.sources.pcie import PcieSource, canonical_address, parse_aer
+from gpuwatchd.sources.pcie import PcieSource, parse_aer
 
 GPU_ADDRESS = "0000:18:00.0"
 HCA_ADDRESS = "0000:c0:00.0"

@@ -216,18 +216,31 @@ CASES: dict[str, Expected] = {
         ),
     ),
     # Warning only: the GPUs work, and the daemon never changes a setting.
+    # These settings are read with the GPU's static values (nvml.static_refresh,
+    # 10 min); the fault begins 10 s after a read, the longest wait but one poll.
     "config_drift": Expected(
         "{kind: config_drift, gpu: 1, setting: ecc_mode}",
         "node",
         "config_drift",
         Severity.WARN,
         Health.DEGRADED,
+        finding=590,
+        decision=620,
+        row=(
+            "`config_drift` (`setting`: `vbios_version`, `ecc_mode`, `mig_mode` or"
+            " `power_limit`, read every `nvml.static_refresh`, 10 min; optional `value`)"
+        ),
+    ),
+    # Persistence can change while the driver runs (nvidia-smi -pm): read every poll.
+    "config_drift_persistence": Expected(
+        "{kind: config_drift, gpu: 1, setting: persistence_mode}",
+        "node",
+        "config_drift",
+        Severity.WARN,
+        Health.DEGRADED,
         finding=0,
         decision=30,
-        row=(
-            "`config_drift` (`setting`: `vbios_version`, `ecc_mode`, `persistence_mode`,"
-            " `mig_mode` or `power_limit`; optional `value`)"
-        ),
+        row="`config_drift` with `setting: persistence_mode` (read every poll)",
     ),
     "nvlink_crc_storm": Expected(
         "{kind: nvlink_crc_storm, gpu: 1, link: 2, rate: 2000/s}",

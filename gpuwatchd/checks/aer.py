@@ -41,9 +41,15 @@ from gpuwatchd.checks.common import NODE, gpu_subject
 from gpuwatchd.checks.pcie import allowed_replays_per_minute
 from gpuwatchd.counters import Increase
 from gpuwatchd.history import History, Track
-from gpuwatchd.model import Action, Finding, PcieFunctionSample, Severity, port_subject
+from gpuwatchd.model import (
+    Action,
+    Finding,
+    PcieFunctionSample,
+    Severity,
+    canonical_address,
+    port_subject,
+)
 from gpuwatchd.settings import Seconds
-from gpuwatchd.sources.pcie import canonical_address
 
 NAME = "aer"
 

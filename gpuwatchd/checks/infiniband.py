@@ -47,6 +47,8 @@ from gpuwatchd.counters import (
 )
 from gpuwatchd.history import Column, History, Track, series
 from gpuwatchd.model import (
+    BYTES_PER_GIGABIT,
+    COUNTER_BITS,
     Action,
     Finding,
     Measurement,
@@ -57,7 +59,6 @@ from gpuwatchd.model import (
     port_subject,
 )
 from gpuwatchd.settings import Seconds
-from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.units import format_duration
 
 NAME = "infiniband"

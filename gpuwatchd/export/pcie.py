@@ -16,9 +16,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample
+from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample, canonical_address
 from gpuwatchd.snapshot import Snapshot
-from gpuwatchd.sources.pcie import canonical_address
 
 
 def _name(function: PcieFunctionSample, gpus: dict[str, str]) -> str:

@@ -49,6 +49,11 @@ Per generation, as HARDWARE-NOTES.md describes:
   call with the health mask fields the branch has; older GPUs answer
   NotSupported.
 - nvmlDeviceGetArchitecture answers each GPU's NVML_DEVICE_ARCH_*.
+- Hopper and newer answer NVML_FI_DEV_NVLINK_GET_STATE per link (scope =
+  link) with NVML_FEATURE_ENABLED or DISABLED, as NCCL reads the link state
+  there (NVIDIA/nccl src/graph/xml.cc, SM90 and newer); older GPUs refuse it.
+- The energy counter and the PCIe replay counter answer as field values too
+  (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, NVML_FI_DEV_PCIE_REPLAY_COUNTER).
 - Temperature thresholds answer through nvmlDeviceGetTemperatureThreshold and,
   on Hopper and later, through the T.Limit fields and the margin temperature.
 - A lost GPU answers GPU_IS_LOST, a GPU that needs a reset RESET_REQUIRED, to
@@ -67,6 +72,13 @@ Per generation, as HARDWARE-NOTES.md describes:
 
 docs/nvml-fidelity.md lists every behaviour with its source and certainty.
 
+What a poll costs in calls is counted (`calls`, by function). A driver's
+own time per call can be charged (`call_latency_s`: each device call waits
+that long, as a call into the driver does, without using CPU), and the
+fake's own Python can be timed (`metered`: `own_seconds`, the thread CPU
+spent inside the fake), so that a benchmark shows the driver time a real node
+pays and leaves the fake's Python out of the daemon's.
+
 Typical use (simulator or test):
 
     gpus = SimulatedGpus(scenario, start=clock.now())
@@ -81,6 +93,8 @@ import ctypes
 import logging
 import math
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -104,6 +118,15 @@ log = logging.getLogger(__name__)
 # An R570 production driver: the first branch with the GPU recovery action.
 DEFAULT_DRIVER_VERSION = "570.172.08"
 R580_DRIVER_VERSION = "580.82.07"
+# What one NVML call costs in the driver, for benchmarks that charge it: the
+# public measurements are about 22 us a call on an RTX 5080 (0.09 ms for four
+# queries through nvidia-ml-py, Python included: davidboulay/OpenKraken PR #3)
+# and about 365 us for nvmlDeviceGetPowerUsage on a K40m (2,743 calls a
+# second: wookayin/gpustat issue #76); none is published for an H100, whose
+# calls reach the GSP firmware ("pretty serializing since they need to talk to
+# PMU and/or GSP", an NVIDIA engineer in flightlessmango/MangoHud #1307). The
+# lower one, so that the driver time it shows is a floor.
+MEASURED_CALL_LATENCY_S = 20e-6
 
 _HANDLE_BASE = 0x6000  # device handles are opaque, non-null pointers
 _EVENT_SET_BASE = 0x7000
@@ -172,6 +195,9 @@ _ARCHITECTURES = {
 # Calls whose first argument after the device handle is an NVLink.
 _LINK_CALLS = frozenset({"nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"})
 _SINT_TYPE: int = pynvml.NVML_VALUE_TYPE_SIGNED_INT
+_NVLINK_STATE_FIELD: int = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+_ENERGY_FIELD: int = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+_PCIE_REPLAY_FIELD: int = pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER
 
 _P = ctypes.c_void_p
 _U = ctypes.c_uint
@@ -401,17 +427,27 @@ class FakeNvml:
         driver_version: str = DEFAULT_DRIVER_VERSION,
         max_wait_s: float | None = None,
         field_numbering: int | None = None,
+        call_latency_s: float = 0.0,
     ) -> None:
         """`max_wait_s` caps how long `nvmlEventSetWait_v2` blocks in real time
         (a fast-forwarded simulation or a test need not wait the full timeout).
         `field_numbering`: the branch whose clocks-event counter and power
         smoothing ids the library answers, where they are not its own branch's
         header's: an R580 numbered as R590 is, as NVML's change log tells it
-        (v575 to v580, the power smoothing ids back at their R570 values)."""
+        (v575 to v580, the power smoothing ids back at their R570 values).
+        `call_latency_s`: how long each device call waits, as the driver's
+        time (MEASURED_CALL_LATENCY_S is the public figure); 0 waits not at all."""
         self._model = model
         self.driver_version = driver_version
         self.max_wait_s = max_wait_s
         self.field_numbering = field_numbering
+        self.call_latency_s = call_latency_s
+        # Calls made, by function; the driver time charged for them.
+        self.calls: Counter[str] = Counter()
+        self.charged_seconds = 0.0
+        # When metered, the thread CPU spent inside the fake (its own Python).
+        self.metered = False
+        self.own_seconds = 0.0
         self._initialized = 0
         self._errors: dict[tuple[str | None, int | None], int] = {}
         self._field_errors: dict[tuple[int, int | None, int | None], int] = {}
@@ -526,6 +562,11 @@ class FakeNvml:
 
     def _entry(self, name: str, export: _Export) -> Callable[..., int]:
         def entry(*args: Any) -> int:
+            self.calls[name] += 1
+            if export.device and self.call_latency_s > 0:
+                self.charged_seconds += self.call_latency_s
+                time.sleep(self.call_latency_s)
+            started = time.thread_time() if self.metered else 0.0
             # An exception must not escape into ctypes: it would be printed
             # and the caller would read 0, NVML_SUCCESS.
             try:
@@ -533,6 +574,9 @@ class FakeNvml:
             except Exception:
                 log.exception("fake NVML: %s failed", name)
                 return _UNKNOWN
+            finally:
+                if self.metered:
+                    self.own_seconds += time.thread_time() - started
 
         return entry
 
@@ -1087,6 +1131,12 @@ class FakeNvml:
             if field_id in _NVLINK5_BER_FIELDS:
                 return _ULL_TYPE, encode_ber(link.ber[_NVLINK5_BER_FIELDS[field_id]])
             return _ULL_TYPE, link.counters[_NVLINK5_COUNT_FIELDS[field_id]]
+        if field_id == _NVLINK_STATE_FIELD:
+            if not spec.at_least("hopper"):
+                return _NOT_SUPPORTED
+            if scope >= len(state.links):
+                return _INVALID_ARGUMENT
+            return _UINT_TYPE, int(state.links[scope].active)
         if field_id in _SCOPED_DL_FIELDS:
             return self._scoped_dl(gpu, _SCOPED_DL_FIELDS[field_id], scope)
         if field_id in _LEGACY_LINK_FIELDS:
@@ -1135,6 +1185,15 @@ class FakeNvml:
         return _SUCCESS
 
     def _field_error(self, gpu: int, field_id: int, scope: int) -> int | None:
+        if field_id == _NVLINK_STATE_FIELD:
+            # Assumed: the call and the field read the same link status, so a
+            # link whose state the call refuses refuses it as a field too.
+            call = "nvmlDeviceGetNvLinkState"
+            refused = self._call_error(call, gpu, (scope,)) or self._configured_error(
+                call, gpu, scope
+            )
+            if refused is not None:
+                return refused
         for fault in self._model.nvml_errors(gpu):
             if getattr(pynvml, fault.call or "", None) == field_id and fault.link in (None, scope):
                 return fault.code
@@ -1154,6 +1213,10 @@ class FakeNvml:
             return _INVALID_ARGUMENT
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, state.memory_temperature_celsius
+        if field_id == _ENERGY_FIELD:
+            return _ULL_TYPE, state.energy_millijoules
+        if field_id == _PCIE_REPLAY_FIELD:
+            return _UINT_TYPE, state.pcie_replays & 0xFFFFFFFF
         if field_id in _PERF_POLICY_FIELDS:
             return _ULL_TYPE, state.violation_ns[_PERF_POLICY_FIELDS[field_id]]
         if field_id == _RECOVERY_ACTION_FIELD:

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwatchd.counters import saturation_max
+from gpuwatchd.model import BYTES_PER_GIGABIT, COUNTER_BITS
 from gpuwatchd.sim.scenario import Fault, Scenario, ScenarioError
 from gpuwatchd.sim.sysfs import TreeWriter
-from gpuwatchd.sources.infiniband import BYTES_PER_GIGABIT, BYTES_PER_WORD, COUNTER_BITS
+from gpuwatchd.sources.infiniband import BYTES_PER_WORD
 
 PORT = 1
 LINE_RATE = "400 Gb/sec (4X NDR)"

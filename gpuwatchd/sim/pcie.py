@@ -23,10 +23,9 @@ import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gpuwatchd.model import AER_SEVERITIES
+from gpuwatchd.model import AER_SEVERITIES, canonical_address
 from gpuwatchd.sim.scenario import Fault, Scenario
 from gpuwatchd.sim.sysfs import TreeWriter
-from gpuwatchd.sources.pcie import canonical_address
 
 # The error names of each file, in aer.c's order (aer_correctable_error_string,
 # aer_uncorrectable_error_string; the same names for nonfatal and fatal).

@@ -52,9 +52,8 @@ import yaml
 from gpuwatchd import capture as captures
 from gpuwatchd import capture_file
 from gpuwatchd.canary.faults import FAULT_MODES, FaultMode
-from gpuwatchd.model import AER_SEVERITIES, GPU_RECOVERY_ACTIONS
+from gpuwatchd.model import AER_SEVERITIES, COUNTER_BITS, GPU_RECOVERY_ACTIONS
 from gpuwatchd.settings import SettingsError, check_yaml_limits, read_text, shown
-from gpuwatchd.sources.infiniband import COUNTER_BITS
 from gpuwatchd.units import parse_duration, parse_rate
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"

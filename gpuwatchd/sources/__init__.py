@@ -22,10 +22,24 @@ class NvmlSourceConfig:
     # reports it unreadable (gpu_read_hung). A read is some hundred NVML calls
     # of a millisecond or less; one stuck in the driver may never return.
     read_timeout: Seconds = 5.0
+    # Values a GPU keeps while the driver stays loaded, or that change only by
+    # an operator's hand or a GPU reset (maximum clocks and PCIe link, default
+    # application clock, power limit, VBIOS, ECC and MIG mode, temperature
+    # thresholds): read at the first poll, when a GPU answers again, and this
+    # often. A change is seen within this time.
+    static_refresh: Seconds = 600.0
+    # Hopper and older report NVLink errors one call a link and counter (54
+    # calls an H100). Those are read when the driver's NVLink DL fields (one
+    # field batch, every poll) say a count moved, and this often otherwise:
+    # DCGM's exporter collects every 30 s. Where the DL fields answer and have
+    # followed the counters, only every `static_refresh`, to check that they do.
+    link_counter_interval: Seconds = 30.0
 
     def __post_init__(self) -> None:
         if self.read_timeout <= 0:
             raise ValueError("read_timeout must be more than 0s")
+        if self.static_refresh <= 0 or self.link_counter_interval <= 0:
+            raise ValueError("static_refresh and link_counter_interval must be more than 0s")
 
 
 @dataclass(frozen=True)

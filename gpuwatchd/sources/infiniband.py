@@ -19,9 +19,10 @@ A node with no InfiniBand device at all (no `class/infiniband`, or nothing in
 it but excluded devices) is a reading with no ports and an error that says so:
 the source is not "up" where there is nothing to read.
 
-The source knows nothing about health: it also owns `COUNTER_BITS`, the
-widths at which the IBTA counters under `counters/` saturate, because that is
-a fact of this hardware interface that the checks and the simulator share.
+The source knows nothing about health. The widths at which the IBTA
+counters under `counters/` saturate (`model.COUNTER_BITS`) are a fact of this
+hardware interface that the checks and the simulator share: they live in the
+model.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ import errno
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TypeVar
 
-from gpuwatchd.model import InfinibandDevice, PortSample, Reading
+from gpuwatchd.model import BYTES_PER_GIGABIT, InfinibandDevice, PortSample, Reading
 from gpuwatchd.sources import InfinibandSourceConfig
 
 log = logging.getLogger(__name__)
@@ -43,29 +43,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CLASS_PATH = ("class", "infiniband")
-
-# Widths of the IBTA PortCounters behind each `counters/` file (the kernel's
-# PORT_PMA_ATTR table in drivers/infiniband/core/sysfs.c). They clamp at
-# 2**bits - 1 instead of wrapping. The data and packet counters have no entry:
-# where the HCA offers PortCountersExtended (mlx5 does) the kernel shows their
-# 64-bit versions, which do not fill up in practice.
-COUNTER_BITS: Mapping[str, int] = MappingProxyType(
-    {
-        "symbol_error": 16,
-        "link_error_recovery": 8,
-        "link_downed": 8,
-        "port_rcv_errors": 16,
-        "port_rcv_remote_physical_errors": 16,
-        "port_rcv_switch_relay_errors": 16,
-        "port_xmit_discards": 16,
-        "port_xmit_constraint_errors": 8,
-        "port_rcv_constraint_errors": 8,
-        "local_link_integrity_errors": 4,
-        "excessive_buffer_overrun_errors": 4,
-        "VL15_dropped": 16,
-        "port_xmit_wait": 32,
-    }
-)
 
 # Counters that drivers show in 4-byte words (IBTA PortXmitData/PortRcvData
 # count octets divided by 4); the sample holds bytes.
@@ -80,7 +57,6 @@ _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
 # the number is read as Gb/s whatever the case of the unit: the kernel's
 # rate_show writes `Gb/sec`, and `0 GB/sec` (no rate) is 0 in either unit.
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*G[bB]/sec\b")
-BYTES_PER_GIGABIT = 125_000_000
 
 # Errors that mean the file (or the device under it) is gone, not unreadable.
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ENXIO})

@@ -29,6 +29,19 @@ them (`GpuSample.no_permission`, a configuration error): asked again next
 poll. A call that answers RESET_REQUIRED marks the GPU as needing a reset
 (`GpuSample.reset_required`): a state to judge, not a value to leave out.
 
+What a poll asks costs driver time on a real node (each call tens of
+microseconds, more where it reaches the GSP), so a poll makes about 21 calls
+of an H100: what NVML gives as field values (HBM temperature, violation
+time, energy, the PCIe replay counter, the recovery action, the links'
+states on Hopper and newer, NVLink5's counters) comes in one
+nvmlDeviceGetFieldValues batch, with the call where a driver refuses a
+field; what a GPU keeps while the driver stays loaded (maximum clocks and
+PCIe link, the default application clock, power limit, VBIOS, ECC and MIG
+mode, temperature thresholds) is read every `static_refresh`; and the
+NVLink counters Hopper and older give one call a link and counter are read
+at the poll their DL fields say one moved, and every `link_counter_interval`
+where nothing says so (`_read_counter_calls`).
+
 The driver's verdict on what a GPU needs is its recovery action field (R565
 on), or on R560 its reset and drain-and-reset status fields, read as the
 actions `gpu_reset` and `drain_and_reset`; older branches have neither.
@@ -88,6 +101,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -264,15 +278,6 @@ _SCALARS = (
         "memory_clock_hertz", "nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_MEM,), _scaled(_MHZ)
     ),
     _Scalar(
-        "sm_max_clock_hertz", "nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_SM,), _scaled(_MHZ)
-    ),
-    _Scalar(
-        "memory_max_clock_hertz",
-        "nvmlDeviceGetMaxClockInfo",
-        (pynvml.NVML_CLOCK_MEM,),
-        _scaled(_MHZ),
-    ),
-    _Scalar(
         "sm_application_clock_hertz",
         "nvmlDeviceGetClock",
         (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET),
@@ -284,30 +289,68 @@ _SCALARS = (
         (pynvml.NVML_CLOCK_MEM, pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET),
         _scaled(_MHZ),
     ),
+    _Scalar("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", convert=int),
+    _Scalar("power_watts", "nvmlDeviceGetPowerUsage", convert=_scaled(_MILLI)),
+    # The PCIe link as it trained (it can train down while the GPU runs).
+    _Scalar("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", convert=int),
+    _Scalar("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", convert=int),
+    # Configuration compared across the node's GPUs (checks/config_drift.py)
+    # that an operator can change while the driver runs (nvidia-smi -pm).
+    _Scalar("persistence_enabled", "nvmlDeviceGetPersistenceMode", convert=bool),
+)
+# Values a GPU keeps while the driver stays loaded, or that change only by an
+# operator's hand (a power limit, a VBIOS flashed) or at a GPU reset (the ECC
+# and MIG modes the calls answer as [current, pending]; the current one
+# counts): read every `static_refresh`, not every poll.
+_STATIC_SCALARS = (
+    _Scalar(
+        "sm_max_clock_hertz", "nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_SM,), _scaled(_MHZ)
+    ),
+    _Scalar(
+        "memory_max_clock_hertz",
+        "nvmlDeviceGetMaxClockInfo",
+        (pynvml.NVML_CLOCK_MEM,),
+        _scaled(_MHZ),
+    ),
     _Scalar(
         "sm_default_application_clock_hertz",
         "nvmlDeviceGetClock",
         (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_ID_APP_CLOCK_DEFAULT),
         _scaled(_MHZ),
     ),
-    _Scalar("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", convert=int),
-    _Scalar("power_watts", "nvmlDeviceGetPowerUsage", convert=_scaled(_MILLI)),
     _Scalar("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", convert=_scaled(_MILLI)),
-    # Millijoules since the driver was loaded (nvml.h: Volta and newer).
-    _Scalar("energy_joules", "nvmlDeviceGetTotalEnergyConsumption", convert=_scaled(_MILLI)),
-    # The PCIe link as it trained and as far as the GPU and its slot allow
-    # (the maxima are "possible with this device and system", nvml.h).
-    _Scalar("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", convert=int),
+    # As far as the GPU and its slot allow ("possible with this device and
+    # system", nvml.h).
     _Scalar("pcie_link_max_generation", "nvmlDeviceGetMaxPcieLinkGeneration", convert=int),
-    _Scalar("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", convert=int),
     _Scalar("pcie_link_max_width", "nvmlDeviceGetMaxPcieLinkWidth", convert=int),
-    _Scalar("pcie_replays", "nvmlDeviceGetPcieReplayCounter", convert=int),
-    # Configuration, compared across the node's GPUs (checks/config_drift.py).
-    # The ECC and MIG calls answer [current, pending]; the current mode counts.
     _Scalar("vbios_version", "nvmlDeviceGetVbiosVersion", convert=str),
     _Scalar("ecc_enabled", "nvmlDeviceGetEccMode", convert=lambda modes: bool(modes[0])),
-    _Scalar("persistence_enabled", "nvmlDeviceGetPersistenceMode", convert=bool),
     _Scalar("mig_enabled", "nvmlDeviceGetMigMode", convert=lambda modes: bool(modes[0])),
+)
+
+
+@dataclass(frozen=True)
+class _FieldScalar:
+    """A GpuSample field that is a field value too (nvml.h): read in the
+    poll's one batch, by `call` where a driver refuses the field."""
+
+    field_name: str
+    convert: Callable[[float | int], float | int]
+    call: _Scalar
+
+
+# Energy in millijoules since the driver was loaded (Volta and newer).
+_FIELD_SCALARS = (
+    _FieldScalar(
+        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        _scaled(_MILLI),
+        _Scalar("energy_joules", "nvmlDeviceGetTotalEnergyConsumption", convert=_scaled(_MILLI)),
+    ),
+    _FieldScalar(
+        "NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+        int,
+        _Scalar("pcie_replays", "nvmlDeviceGetPcieReplayCounter", convert=int),
+    ),
 )
 
 
@@ -345,10 +388,14 @@ _THRESHOLDS = (
     _Threshold("temperature_memory_max_celsius", pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX, None),
 )
 # THROTTLE_REASONS -> (perf policy of nvmlDeviceGetViolationStatus, the field
-# value that replaces it where a driver refuses the call). nvml.h marks the
-# call DEPRECATED(13.0), a no-op macro in the CUDA 13.0 header and a compiler
-# warning from 13.1, with removal announced for CUDA 14.0: R580 still answers
-# it. Perf-policy fields 74-79 keep their ids in every header from 12.0 to 13.3.
+# value of the same time, in ns). The fields are read, in the poll's one
+# batch; the call where a driver refuses a field. nvml.h marks the call
+# DEPRECATED(13.0), a no-op macro in the CUDA 13.0 header and a compiler
+# warning from 13.1, with removal announced for CUDA 14.0 (R580 still answers
+# it), and from 13.1 names fields 74 and 76 after the clocks-event reasons
+# that replace it. Perf-policy fields 74-79 keep their ids in every header
+# from 12.0 to 13.3.
+_VIOLATION_CALL = "nvmlDeviceGetViolationStatus"
 _THROTTLE = {
     "power": (pynvml.NVML_PERF_POLICY_POWER, "NVML_FI_DEV_PERF_POLICY_POWER"),
     "thermal": (pynvml.NVML_PERF_POLICY_THERMAL, "NVML_FI_DEV_PERF_POLICY_THERMAL"),
@@ -486,6 +533,8 @@ class _LinkCounters:
         )
 
 
+# The first branch whose nvml.h documents Hopper's DL fields per link.
+_SCOPED_DL_BRANCH = 575
 # Those of the GPU's generation (`_interfaces`) are probed in this order; the
 # first that answers on any link is read on all.
 _LINK_COUNTER_INTERFACES = (
@@ -532,14 +581,30 @@ _LINK_COUNTER_INTERFACES = (
             "replay": "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
             "recovery": "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY",
         },
-        min_driver_branch=575,
+        min_driver_branch=_SCOPED_DL_BRANCH,
     ),
 )
 _NO_LINK_COUNTERS = _LinkCounters("none")
 # nvmlDeviceArchitecture_t (nvml.h NVML_DEVICE_ARCH_*: Hopper 9, Blackwell 10,
 # Rubin 13, UNKNOWN "anything else, presumably something newer").
+_ARCH_HOPPER: int = pynvml.NVML_DEVICE_ARCH_HOPPER
 _ARCH_BLACKWELL: int = pynvml.NVML_DEVICE_ARCH_BLACKWELL
 _ARCH_UNKNOWN: int = pynvml.NVML_DEVICE_ARCH_UNKNOWN
+# A link's state as a field value (nvml.h: "NVLink State - Active,Inactive",
+# scope = link), as NCCL reads it on SM90 and newer (NVIDIA/nccl
+# src/graph/xml.cc, ncclTopoGetXmlFromGpu): one field of the batch instead of
+# a call a link; the call where the field gives nothing.
+_STATE_FIELD = "NVML_FI_DEV_NVLINK_GET_STATE"
+# The DL fields whose values move when the error-counter call's do: the
+# device's totals before R575 (DCGM reads them at scope 0 as the "Total"),
+# each link's from R575 (nvml.h 12.9: "Link ID needs to be specified in the
+# scopeId field"). They only say when to read the counters, never what the
+# counters are: a link's counts are what the call answers for it.
+_COUNTER_SIGN_FIELDS = (
+    "NVML_FI_DEV_NVLINK_ERROR_DL_CRC",
+    "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY",
+    "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY",
+)
 
 
 def _interfaces(architecture: int | None) -> tuple[_LinkCounters, ...]:
@@ -571,12 +636,14 @@ class _Availability:
         self._unlogged: dict[tuple[int, str, str, str], dict[str, list[int]]] = {}
 
     def refused(self, gpu: int, subject: str, source: str, now: float) -> bool:
-        with self._lock:
-            return self._refused.get((gpu, subject, source), -math.inf) > now
+        # One dict read is whole under the GIL: no lock for what every call asks.
+        return self._refused.get((gpu, subject, source), -math.inf) > now
 
     def answered(self, gpu: int, subject: str, source: str) -> None:
         """A value answers: if it had been refused, say that it is back."""
         key = (gpu, subject, source)
+        if key not in self._refused:
+            return
         with self._lock:
             back = self._refused.pop(key, None) is not None and key in self._logged
             if back:
@@ -652,7 +719,8 @@ def _ranges(numbers: list[int]) -> str:
 
 @dataclass(frozen=True)
 class _FieldRequest:
-    """One field value wanted in this poll's batch, and where its value goes."""
+    """One field value wanted in this poll's batch, where its value goes, and
+    what reads it instead when the field gives none."""
 
     subject: str
     field_name: str
@@ -661,6 +729,29 @@ class _FieldRequest:
     key: Any
     convert: Callable[[float | int], float | int]
     field_id: int | None = None  # set where the id is ours, not the binding's
+    otherwise: Callable[[], None] | None = None
+
+
+@dataclass
+class _CallCounts:
+    """The NVLink error counters a GPU gives one call a link and counter
+    (`nvmlDeviceGetNvLinkErrorCounter`), as last read, and what says when
+    to read them again: the DL fields' values then (`sign`), and whether
+    those fields have followed the counters."""
+
+    errors: dict[int, dict[str, int]] = field(default_factory=dict)
+    read_at: float | None = None
+    sign: dict[tuple[str, int], int] | None = None
+    sign_followed: bool = True
+
+    def due(self, sign: dict[tuple[str, int], int] | None, now: float, every: float) -> bool:
+        """Whether to read the counters now: never read, a sign that moved
+        since, or `every` seconds gone by."""
+        if self.read_at is None:
+            return True
+        if sign and self.sign is not None and sign != self.sign:
+            return True
+        return now - self.read_at >= every
 
 
 class _Gpu:
@@ -675,6 +766,12 @@ class _Gpu:
         # nvmlDeviceGetArchitecture's answer (NVML_DEVICE_ARCH_*), once read.
         self.architecture: int | None = None
         self.link_counters: _LinkCounters | None = None
+        self.counts = _CallCounts()
+        # The last sample read of the GPU, whose unchanged parts the next shares.
+        self.last: GpuSample | None = None
+        # The values a GPU keeps (`_read_static`) as last read, and when.
+        self.static: dict[str, Any] = {}
+        self.static_read_at: float | None = None
         self.counter_watches: dict[str, _CounterWatch] = {}
         self.polls_since_probe = 0
         self.xid_counts: Counter[int] = Counter()
@@ -788,13 +885,19 @@ class _GpuRead:
         self._availability = availability
         self._field_id_limit = field_id_limit
         self._requests: list[_FieldRequest] = []
+        # What reads the values whose field gave none, once the batch is in.
+        self._instead: list[Callable[[], None]] = []
         self._unknown: list[tuple[str, str]] = []
         self.answered = False
         self.reset_required = False
 
+    def refused(self, subject: str, source: str) -> bool:
+        """Whether `source` (a function or a field) is not to be asked for `subject` now."""
+        return self._availability.refused(self.index, subject, source, self.now)
+
     def call(self, subject: str, function: str, *args: Any, then: str = "left absent") -> Any:
         """`pynvml.<function>(handle, *args)`, or None when the GPU does not answer it."""
-        if self._availability.refused(self.index, subject, function, self.now):
+        if self.refused(subject, function):
             return None
         wrapper = _binding(function)
         if wrapper is None:
@@ -836,29 +939,46 @@ class _GpuRead:
         convert: Callable[[float | int], float | int] = float,
         scope: int = 0,
         field_id: int | None = None,
+        otherwise: Callable[[], None] | None = None,
     ) -> None:
-        if self._availability.refused(self.index, subject, field_name, self.now):
+        """Ask for a field value in the poll's batch; `otherwise` runs after
+        the batch when the field gives no value (refused now or before)."""
+        if self.refused(subject, field_name):
+            self._later(otherwise)
             return
         if field_id is None and _binding(field_name) is None:
             self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
+            self._later(otherwise)
             return
         self._requests.append(
-            _FieldRequest(subject, field_name, scope, target, key, convert, field_id)
+            _FieldRequest(subject, field_name, scope, target, key, convert, field_id, otherwise)
         )
 
+    def _later(self, instead: Callable[[], None] | None) -> None:
+        if instead is not None:
+            self._instead.append(instead)
+
     def fetch_fields(self) -> None:
-        if not self._requests:
-            return
+        """Read the wanted fields in one batch, then what reads the values
+        they did not give."""
+        requests, self._requests = self._requests, []
+        if requests:
+            self._fetch(requests)
+        instead, self._instead = self._instead, []
+        for read in instead:
+            read()
+
+    def _fetch(self, requests: list[_FieldRequest]) -> None:
         ids = [
             (_binding(r.field_name) if r.field_id is None else r.field_id, r.scope)
-            for r in self._requests
+            for r in requests
         ]
         # The batch answers SUCCESS whatever each field says (nvml.h): only a
         # field's own answer shows that the GPU answers.
         answered = self.answered
         values = self.call("field values", "nvmlDeviceGetFieldValues", ids)
         self.answered = answered
-        for request, (field_id, _), value in zip(self._requests, ids, values or (), strict=False):
+        for request, (field_id, _), value in zip(requests, ids, values or (), strict=False):
             if value.nvmlReturn != _SUCCESS:
                 self._refused_field(request, field_id, value.nvmlReturn)
                 continue
@@ -866,6 +986,11 @@ class _GpuRead:
             if reader is not None:
                 request.target[request.key] = request.convert(reader(value.value))
                 self._answered(request.subject, request.field_name)
+        self._instead.extend(
+            request.otherwise
+            for request in requests
+            if request.otherwise is not None and request.key not in request.target
+        )
 
     def distrust(self, subject: str, source: str, why: str, then: str) -> None:
         """A value that answered but is not what it is read as (see _Availability.distrust)."""
@@ -906,7 +1031,25 @@ def _read_identity(read: _GpuRead) -> None:
     _read_scalars(read, [s for s in _IDENTITY if s.attr not in identity], identity)
 
 
-def _read_temperatures(read: _GpuRead, sample: dict[str, Any]) -> None:
+def _read_field_scalars(read: _GpuRead, sample: dict[str, Any]) -> None:
+    """The counters that are field values too: in the batch, else by their call."""
+    for scalar in _FIELD_SCALARS:
+        attr = scalar.call.attr
+        instead = partial(_read_scalars, read, (scalar.call,), sample)
+        read.want(attr, scalar.field_name, sample, attr, scalar.convert, otherwise=instead)
+
+
+def _read_static(read: _GpuRead, temperature: int | None) -> dict[str, Any]:
+    """The values a GPU keeps (`_STATIC_SCALARS`, the temperature thresholds),
+    read anew; the thresholds that come from field values arrive with the batch."""
+    static: dict[str, Any] = {}
+    _read_scalars(read, _STATIC_SCALARS, static)
+    _read_thresholds(read, static, temperature)
+    return static
+
+
+def _read_temperatures(read: _GpuRead, sample: dict[str, Any]) -> int | None:
+    """The GPU's and HBM's temperatures; returns the GPU's, as NVML gave it."""
     temperature = read.call(
         "temperature_gpu_celsius",
         "nvmlDeviceGetTemperatureV",
@@ -925,7 +1068,7 @@ def _read_temperatures(read: _GpuRead, sample: dict[str, Any]) -> None:
         sample,
         "temperature_memory_celsius",
     )
-    _read_thresholds(read, sample, temperature)
+    return None if temperature is None else int(temperature)
 
 
 def _read_thresholds(read: _GpuRead, sample: dict[str, Any], temperature: int | None) -> None:
@@ -1027,16 +1170,18 @@ def _read_throttle(
     for reason, (policy, field_name) in _THROTTLE.items():
         subject = f"throttle_seconds[{reason}]"
         counter = _counter_field(reason, counters)
-        name, field_id = counter or (field_name, None)
-        violation = read.call(
-            subject, "nvmlDeviceGetViolationStatus", policy, then=f"reading {name} instead"
-        )
-        if violation is not None:
-            seconds[reason] = violation.violationTime * _NANO
-            continue
-        read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
-        if counter is not None:
+        unanswered = read.refused(subject, field_name) and read.refused(subject, _VIOLATION_CALL)
+        if counter is not None and unanswered:
+            # Neither the perf-policy field nor the call answers: the driver's
+            # counter of the same time (nvml.h's translation table for the
+            # deprecated call), checked by behaviour.
+            name, field_id = counter
+            read.want(subject, name, seconds, reason, _scaled(_NANO), field_id=field_id)
             counted[reason] = name
+            continue
+        then = f"reading {counter[0]} instead" if counter is not None else "left absent"
+        instead = partial(_read_violation, read, subject, (policy, then), seconds, reason)
+        read.want(subject, field_name, seconds, reason, _scaled(_NANO), otherwise=instead)
     for reason in _COUNTED_ONLY:
         counter = _counter_field(reason, counters)
         if counter is not None:
@@ -1046,6 +1191,20 @@ def _read_throttle(
             counted[reason] = name
     sample["throttle_seconds"] = seconds
     return counted
+
+
+def _read_violation(
+    read: _GpuRead,
+    subject: str,
+    asked: tuple[int, str],
+    seconds: dict[str, float],
+    reason: str,
+) -> None:
+    """The call's violation time for `asked` (perf policy, what follows a refusal)."""
+    policy, then = asked
+    violation = read.call(subject, _VIOLATION_CALL, policy, then=then)
+    if violation is not None:
+        seconds[reason] = violation.violationTime * _NANO
 
 
 def _counter_field(reason: str, counters: Mapping[str, int]) -> tuple[str, int | None] | None:
@@ -1327,6 +1486,7 @@ def _link_counters(read: _GpuRead, driver_branch: int) -> _LinkCounters:
     ):
         gpu.polls_since_probe = 0
         gpu.link_counters = None
+        gpu.counts = _CallCounts()
         if gpu.links:
             interfaces = _interfaces(_architecture(read))
             gpu.link_counters = _probe_link_counters(gpu, driver_branch, interfaces)
@@ -1362,36 +1522,157 @@ def _decode_ber(value: float | int) -> float:
 @dataclass(frozen=True)
 class _LinkRead:
     link: int
-    up: bool | None
-    # Filled by the calls, or after the field-value batch.
+    # Filled by the calls, or after the field-value batch: "up" once the
+    # state is read.
+    state: dict[str, bool]
     errors: dict[str, int]
     ber: dict[str, float]
 
 
-def _read_links(read: _GpuRead, driver_branch: int) -> list[_LinkRead]:
-    """Every link's state and counters. Refusals are the link's own: the
-    subject names the link, so one link refusing a counter leaves the others read."""
+@dataclass(frozen=True)
+class _Links:
+    """One poll's read of a GPU's links, and what it asked of the batch to
+    tell whether their per-call counters moved."""
+
+    reads: list[_LinkRead]
+    interface: _LinkCounters
+    sign: dict[tuple[str, int], int] | None
+
+
+def _read_links(read: _GpuRead, driver_branch: int) -> _Links:
+    """Every link's state and field-value counters, asked of the batch.
+    Refusals are the link's own: the subject names the link, so one link
+    refusing a counter leaves the others read. The counters read one call a
+    link come after the batch (`_read_counter_calls`)."""
     gpu = read.gpu
     if not gpu.links_settled:
         _discover_links(gpu)
     interface = _link_counters(read, driver_branch)
+    by_field = _states_by_field(gpu.architecture)
     links = []
     for link in gpu.links or ():
-        state = read.call(f"nvlink {link} state", "nvmlDeviceGetNvLinkState", link)
+        state: dict[str, bool] = {}
+        subject = f"nvlink {link} state"
+        by_call = partial(_read_state, read, link, state)
+        if by_field:
+            read.want(subject, _STATE_FIELD, state, "up", bool, scope=link, otherwise=by_call)
+        else:
+            by_call()
         errors: dict[str, int] = {}
         ber: dict[str, float] = {}
         for kind, name in interface.fields.items():
             read.want(f"nvlink {link} {kind}", name, errors, kind, int, scope=link)
         for kind, name in interface.ber_fields.items():
             read.want(f"nvlink {link} {kind} ber", name, ber, kind, _decode_ber, scope=link)
-        for kind, counter in interface.counters.items():
+        links.append(_LinkRead(link, state, errors, ber))
+    return _Links(links, interface, _want_counter_sign(read, interface, driver_branch))
+
+
+def _states_by_field(architecture: int | None) -> bool:
+    """Whether the links' states are read as field values: on Hopper and
+    newer, as NCCL reads them (SM90 on)."""
+    known = architecture is not None and architecture != _ARCH_UNKNOWN
+    return known and architecture is not None and architecture >= _ARCH_HOPPER
+
+
+def _read_state(read: _GpuRead, link: int, state: dict[str, bool]) -> None:
+    value = read.call(f"nvlink {link} state", "nvmlDeviceGetNvLinkState", link)
+    if value is not None:
+        state["up"] = bool(value)
+
+
+def _want_counter_sign(
+    read: _GpuRead, interface: _LinkCounters, driver_branch: int
+) -> dict[tuple[str, int], int] | None:
+    """Ask the batch for the DL fields that move when any link's per-call
+    counters do; None when the counters are not read by call, or the fields
+    were found not to follow them. Before R575 each field answers the
+    device's total at any scope (`_LinkCounters` of the scoped fields), so
+    scope 0 says it all; from R575 each link's scope answers that link."""
+    gpu = read.gpu
+    if not interface.counters or not gpu.counts.sign_followed:
+        return None
+    scopes = gpu.links or () if driver_branch >= _SCOPED_DL_BRANCH else (0,)
+    sign: dict[tuple[str, int], int] = {}
+    for name in _COUNTER_SIGN_FIELDS:
+        for scope in scopes:
+            read.want("nvlink counters moved", name, sign, (name, scope), int, scope=scope)
+    return sign
+
+
+def _read_counter_calls(read: _GpuRead, links: _Links, config: NvmlSourceConfig) -> None:
+    """The counters read one call a link and counter, after the batch: when
+    the DL fields say a count moved (or they were never read, or the GPU
+    answers again), and every `link_counter_interval` otherwise, or every
+    `static_refresh` where the fields have followed the counters. Between
+    reads each link carries the counts last read."""
+    gpu, counters = read.gpu, links.interface.counters
+    if not counters:
+        return
+    counts, sign = gpu.counts, links.sign
+    signed = bool(sign) and counts.sign is not None
+    every = config.static_refresh if signed else config.link_counter_interval
+    new_link = any(r.link not in counts.errors for r in links.reads)
+    if not (new_link or not gpu.answering or counts.due(sign, read.now, every)):
+        for r in links.reads:
+            r.errors.update(counts.errors[r.link])
+        return
+    for r in links.reads:
+        for kind, counter in counters.items():
             value = read.call(
-                f"nvlink {link} {kind}", "nvmlDeviceGetNvLinkErrorCounter", link, counter
+                f"nvlink {r.link} {kind}", "nvmlDeviceGetNvLinkErrorCounter", r.link, counter
             )
             if value is not None:
-                errors[kind] = int(value)
-        links.append(_LinkRead(link, None if state is None else bool(state), errors, ber))
-    return links
+                r.errors[kind] = int(value)
+    if signed and sign == counts.sign and _moved(counts.errors, links.reads):
+        counts.sign_followed = False
+        log.warning(
+            "GPU %d: NVLink error counters moved while the DL fields did not; the counters "
+            "are read every %gs from now on",
+            gpu.index,
+            config.link_counter_interval,
+        )
+    counts.errors = {r.link: dict(r.errors) for r in links.reads}
+    counts.read_at = read.now
+    counts.sign = sign or None
+
+
+def _link_samples(gpu: _Gpu, reads: Sequence[_LinkRead]) -> tuple[LinkSample, ...]:
+    """The links' samples, each link that reads as it did at the last poll as
+    that poll's own object (and the whole tuple, when every link does): what
+    did not change is held once, however many polls History keeps whole."""
+    before = gpu.last.nvlinks if gpu.last is not None else ()
+    by_link = {link.link: link for link in before}
+    links = []
+    for r in reads:
+        up = r.state.get("up")
+        old = by_link.get(r.link)
+        if old is not None and old.up == up and old.errors == r.errors and old.ber == r.ber:
+            links.append(old)
+        else:
+            links.append(LinkSample(gpu.index, r.link, up, r.errors, r.ber))
+    same = len(links) == len(before) and all(a is b for a, b in zip(links, before, strict=False))
+    return before if same else tuple(links)
+
+
+def _reusing(last: GpuSample | None, sample: dict[str, Any]) -> dict[str, Any]:
+    """`sample`'s fields, each mapping that equals the last sample's as that
+    sample's own object (as `_link_samples` does for links)."""
+    if last is None:
+        return sample
+    for name, value in sample.items():
+        if isinstance(value, dict) and (old := getattr(last, name)) == value:
+            sample[name] = old
+    return sample
+
+
+def _moved(before: Mapping[int, Mapping[str, int]], reads: Sequence[_LinkRead]) -> bool:
+    """Whether any count read now differs from the one read before it."""
+    return any(
+        kind in before.get(r.link, {}) and before[r.link][kind] != value
+        for r in reads
+        for kind, value in r.errors.items()
+    )
 
 
 class _XidListener:
@@ -1843,7 +2124,9 @@ class NvmlSource:
         _read_identity(read)
         sample: dict[str, Any] = dict(gpu.identity)
         _read_scalars(read, _SCALARS, sample)
-        _read_temperatures(read, sample)
+        _read_field_scalars(read, sample)
+        temperature = _read_temperatures(read, sample)
+        static = _read_static(read, temperature) if self._static_due(gpu, now) else None
         _read_utilization(read, sample)
         _read_framebuffer(read, sample)
         _read_fabric(read, sample)
@@ -1852,19 +2135,30 @@ class NvmlSource:
         reset_status = _read_recovery_action(read, sample, branch)
         links = _read_links(read, branch)
         read.fetch_fields()
+        _read_counter_calls(read, links, self._config)
         read.finish()
+        if static is not None:
+            gpu.static, gpu.static_read_at = static, now
         _check_counters(read, sample, counted)
         _settle_reset_status(reset_status, sample)
-        return GpuSample(
+        sample["xid_counts"] = dict(gpu.xid_counts)
+        gpu.last = GpuSample(
             index=gpu.index,
             up=True,
-            nvlinks=tuple(LinkSample(gpu.index, r.link, r.up, r.errors, r.ber) for r in links),
-            xid_counts=dict(gpu.xid_counts),
+            nvlinks=_link_samples(gpu, links.reads),
             reset_required=read.reset_required,
             responsive=read.answered,
             xid_events_received=None if self._xids is None else self._xids.receiving(gpu),
-            **sample,
+            **_reusing(gpu.last, sample),
+            **gpu.static,
         )
+        return gpu.last
+
+    def _static_due(self, gpu: _Gpu, now: float) -> bool:
+        """Whether to read the values a GPU keeps: never read, a GPU that
+        answers again (it may have been reset), or `static_refresh` gone by."""
+        read_at = gpu.static_read_at
+        return read_at is None or not gpu.answering or now - read_at >= self._config.static_refresh
 
     def _mark_down(self, gpu: _Gpu, reason: str) -> None:
         if gpu.up:

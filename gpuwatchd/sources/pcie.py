@@ -96,17 +96,6 @@ def parse_width(text: str) -> int:
     return width
 
 
-def canonical_address(bus_id: str) -> str | None:
-    """`00000000:18:00.0` (NVML) or `0000:18:00.0` (sysfs) -> `0000:18:00.0`."""
-    try:
-        domain, bus, rest = bus_id.strip().lower().split(":")
-        device, function = rest.split(".")
-        numbers = (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
-    except ValueError:
-        return None
-    return "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
-
-
 def _hex(text: str | None) -> int | None:
     try:
         return int(text, 16) if text is not None else None
