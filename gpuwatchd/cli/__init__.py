@@ -15,16 +15,15 @@ import shlex
 import signal
 import socket
 import ssl
-import stat
 import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -32,7 +31,6 @@ from gpuwatchd import capture as captures
 from gpuwatchd import logs, unix_socket, version
 from gpuwatchd import report as reports
 from gpuwatchd.actions.client import (
-    REQUEST_TIMEOUT_SECONDS,
     DaemonClient,
     DaemonDown,
     DaemonError,
@@ -45,9 +43,30 @@ from gpuwatchd.actions.webhook import unreadable_files
 from gpuwatchd.assemble import build_daemon, simulated_canary_node, simulated_node
 from gpuwatchd.canary.cli import canary_command
 from gpuwatchd.canary.wire import to_wire
+from gpuwatchd.cli.common import (
+    NODE_ENV,
+    apply_overrides,
+    config_option,
+    duration_value,
+    node_option,
+    read_config,
+    state_dir_option,
+)
+from gpuwatchd.cli.target import (
+    Neither,
+    Target,
+    daemon_client,
+    daemon_or_database,
+    database_held,
+    offline_database,
+    other_state_dir,
+    resolve_target,
+    target_options,
+    token_file_exposed,
+    unreachable,
+)
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
-    DEFAULT_CONFIG_PATH,
     DEFAULT_LISTEN,
     DEFAULT_STATE_DIR,
     LOG_LEVELS,
@@ -69,8 +88,6 @@ from gpuwatchd.server import (
     MAX_JOURNAL_ENTRIES,
     StatusServer,
     UnixStatusServer,
-    base_url,
-    client_secret,
     ensure_token_file,
 )
 from gpuwatchd.settings import SettingsError
@@ -79,74 +96,9 @@ from gpuwatchd.sources import SourceUnavailable
 from gpuwatchd.status import format_time, render_quarantines, render_table
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, StoreError
 from gpuwatchd.terminal import colour_wanted, styled
-from gpuwatchd.units import format_duration, parse_duration, parse_moment
+from gpuwatchd.units import format_duration, parse_moment
 
 log = logging.getLogger("gpuwatchd")
-
-T = TypeVar("T")
-
-# What a simulated daemon prints for the CLI in another terminal to find it
-# (and STATE_DIR_ENV, config.py's).
-NODE_ENV = "GPUWATCHD_NODE"
-
-
-def _config_path(path: str | None) -> str | None:
-    """An explicit --config, else the system file when it exists, else defaults."""
-    if path is not None:
-        return path
-    return DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else None
-
-
-def _load(path: str | None) -> Config:
-    try:
-        return load_config(_config_path(path))
-    except SettingsError as error:
-        raise click.ClickException(str(error)) from error
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from error
-
-
-def _flag(flag: str, make: Callable[[], T]) -> T:
-    """`make()`; its ValueError is the flag's, named as such, not the config key's."""
-    try:
-        return make()
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint=f"'{flag}'") from error
-
-
-def _apply_overrides(
-    config: Config,
-    listen: str | None,
-    state_dir: str | None,
-    interval: float | None,
-    sources: tuple[str, ...],
-    sysfs_root: str | None,
-) -> Config:
-    daemon = config.daemon
-    if listen is not None:
-        _flag("--listen", lambda: parse_listen(listen))
-        daemon = replace(daemon, listen=listen)
-    if state_dir is not None:
-        daemon = replace(daemon, state_dir=state_dir)
-    if interval is not None:
-        daemon = _flag("--interval", lambda: replace(daemon, poll_interval=interval))
-    if sources:
-        config = _flag("--source", lambda: config.only_sources(sources))
-    chosen = config.sources
-    if sysfs_root is not None:
-        chosen = replace(
-            chosen,
-            infiniband=replace(chosen.infiniband, sysfs_root=sysfs_root),
-            pcie=replace(chosen.pcie, sysfs_root=sysfs_root),
-        )
-    return replace(config, daemon=daemon, sources=chosen)
 
 
 def _show_version(ctx: click.Context, _: click.Parameter, wanted: bool) -> None:
@@ -176,7 +128,7 @@ def main(ctx: click.Context) -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@config_option()
 @click.option(
     "--simulate",
     is_flag=False,
@@ -195,7 +147,7 @@ def main(ctx: click.Context) -> None:
     help=f"State directory (default: the config's, {DEFAULT_STATE_DIR}; with --simulate, "
     "a temporary one unless the config names another).",
 )
-@click.option("--interval", callback=_duration, help="Poll interval such as 10s.")
+@click.option("--interval", callback=duration_value, help="Poll interval such as 10s.")
 @click.option(
     "--source",
     "sources",
@@ -230,8 +182,8 @@ def run(
     Built-in scenarios for --simulate: default (a calm node with a few faults
     in the first minutes) and calm.
     """
-    config = _load(config_path)
-    config = _apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
+    config = read_config(config_path)
+    config = apply_overrides(config, listen, state_dir, interval, sources, sysfs_root)
     level = "debug" if verbose else log_level or config.daemon.log_level
     logs.setup(level, journal="JOURNAL_STREAM" in os.environ)
     # A fatal signal inside C code (SIGBUS in a library's mapping of a file
@@ -377,99 +329,22 @@ def _prepare_token_file(path: str) -> None:
         log.error(
             "cannot create the API token file %s: %s; API writes will be refused", path, error
         )
-    exposed = _exposed(path)
+    exposed = token_file_exposed(path)
     if exposed:
         log.warning("%s; chmod 600 %s", exposed, path)
 
 
-def _exposed(path: str) -> str | None:
-    """What is wrong with a token file others can read or write, if anything:
-    whoever reads it can quarantine and release, whoever writes it add tokens."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return None  # missing or unreadable: said where it is used
-    if mode & 0o077 == 0:
-        return None
-    return f"the API token file {path} is open to other users (mode {mode:04o})"
-
-
-def _local_url(config: Config) -> str:
-    listen = config.api.listen or config.daemon.listen
-    if unix_socket_path(listen) is not None:
-        return listen
-    host, port = parse_listen(listen)
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return base_url(host, port, tls=bool(config.api.tls_cert_file))
-
-
-def _client(
-    config: Config, node_url: str | None, timeout: float = REQUEST_TIMEOUT_SECONDS
-) -> DaemonClient:
-    """The daemon at --node, else the local one. A local daemon's own
-    certificate is trusted as its CA (a self-signed one naming 127.0.0.1)."""
-    if node_url is not None:
-        if "://" not in node_url and unix_socket_path(node_url) is None:
-            raise click.BadParameter(
-                f"{node_url!r} is not a URL: write http://{node_url} (or https://, "
-                "or unix:/path/to/api.sock)",
-                param_hint="--node",
-            )
-        return DaemonClient(node_url, timeout=timeout)
-    context = None
-    if config.api.tls_cert_file:
-        context = ssl.create_default_context(cafile=config.api.tls_cert_file)
-    return DaemonClient(_local_url(config), context, timeout)
-
-
-def _node_option(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    return click.option("--node", "node_url", envvar=NODE_ENV, show_envvar=True, help=help_text)
-
-
-def _state_dir_option(help_text: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    return click.option(
-        "--state-dir",
-        type=click.Path(file_okay=False),
-        envvar=STATE_DIR_ENV,
-        show_envvar=True,
-        help=help_text,
-    )
-
-
-def _unreachable(client: DaemonClient, error: Exception) -> click.ClickException:
-    return click.ClickException(
-        f"cannot reach the gpuwatchd daemon at {client.url}: {error} "
-        "(is it running? `gpuwatchd run`, or --node URL)"
-    )
-
-
-class _Neither(click.ClickException):
-    """Neither the daemon nor its state database answers: a running daemon
-    holds the database (gpuwatchd.store) but not at the address the CLI asks."""
-
-    exit_code = 2
-
-
-def _held(database: str, client: DaemonClient, why: object = None) -> _Neither:
-    return _Neither(
-        f"the state database {database} is held by a running gpuwatchd, which does not "
-        f"answer at {client.url}{f' ({why})' if why else ''}: is it starting, or listening "
-        "elsewhere? (--node URL, or --config with its api.listen or daemon.listen)"
-    )
-
-
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_node_option("URL of the daemon (default: the local one).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@node_option("URL of the daemon (default: the local one).")
+@config_option()
 def status(as_json: bool, node_url: str | None, config_path: str | None) -> None:
     """What a node's daemon sees now."""
-    client = _client(_load(config_path), node_url)
+    client = daemon_client(read_config(config_path), node_url)
     try:
         document = client.get("/api/v1/status")
     except (DaemonUnreachable, DaemonError) as error:
-        raise _unreachable(client, error) from error
+        raise unreachable(client, error) from error
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     elif colour_wanted(sys.stdout, os.environ):
@@ -544,12 +419,12 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 )
 @click.option("--subject", help="Only this subject (node, gpu:N, nvlink:N/L, ib:DEV/PORT).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines for scripts.")
-@_node_option(
+@node_option(
     "Ask the daemon at this URL (default: read the local state database, or ask the "
     "local daemon, which holds it while it runs)."
 )
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
-@_state_dir_option("State directory (default: the config's daemon.state_dir).")
+@config_option()
+@state_dir_option("State directory (default: the config's daemon.state_dir).")
 def journal(
     since: float,
     until: float | None,
@@ -563,14 +438,14 @@ def journal(
     """Findings, health changes and decisions, oldest first, from the state
     database, through the local daemon while it runs (or from the daemon at
     --node)."""
-    config = _load(config_path)
+    config = read_config(config_path)
     window = _Window(since, until, limit, subject)
     if node_url is not None:
-        client = _client(config, node_url)
+        client = daemon_client(config, node_url)
         try:
             entries, truncated = _api_journal(client, window)
         except (DaemonUnreachable, DaemonError) as error:
-            raise _unreachable(client, error) from error
+            raise unreachable(client, error) from error
     elif state_dir is None:
         entries, truncated = _default_journal(config, window)
     else:
@@ -616,7 +491,7 @@ def _default_journal(config: Config, window: _Window) -> _Journal:
     path = os.path.join(config.daemon.state_dir, DB_NAME)
     if os.path.exists(path):
         return _local_journal(config, config.daemon.state_dir, window)
-    client = _client(config, None)
+    client = daemon_client(config, None)
     try:
         held = client.get("/api/v1/status").get("state_dir")
         journal = _api_journal(client, window)
@@ -645,36 +520,22 @@ def _local_journal(config: Config, directory: str, window: _Window) -> _Journal:
     except StoreError as error:
         if not error.held:
             raise click.ClickException(str(error)) from error
-    client = _client(config, None)
+    client = daemon_client(config, None)
     try:
-        other = _other_state_dir(client, directory)
+        other = other_state_dir(client, directory)
         if other is not None:
-            raise _held(path, client, f"the daemon there holds {other}")
+            raise database_held(path, client, f"the daemon there holds {other}")
         return _api_journal(client, window)
     except DaemonDown:
         pass  # nothing listens there: the lock may be another command's, for a moment
     except (DaemonUnreachable, DaemonError) as error:
-        raise _held(path, client, error) from error
+        raise database_held(path, client, error) from error
     try:
         return _database_journal(directory, LOCK_WAIT_SECONDS, window)
     except StoreError as error:
         if error.held:
-            raise _held(path, client) from error
+            raise database_held(path, client) from error
         raise click.ClickException(str(error)) from error
-
-
-def _other_state_dir(client: DaemonClient, directory: str) -> str | None:
-    """The state directory the daemon at `client` holds when it is not
-    `directory` (review adversarial-2, row 289: the journal of another
-    daemon was printed as this directory's); None when it is, or when the
-    daemon does not say (one older than this CLI)."""
-    held = client.get("/api/v1/status").get("state_dir")
-    if not isinstance(held, str):
-        return None
-    try:
-        return None if os.path.samefile(held, directory) else held
-    except OSError:
-        return held  # not there as this CLI sees the files: not the same
 
 
 def _database_journal(directory: str, wait: float, window: _Window) -> _Journal:
@@ -712,7 +573,7 @@ def _api_journal(client: DaemonClient, window: _Window) -> _Journal:
     default="-",
     help="Write the capture to this file (default: standard output).",
 )
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
+@config_option()
 @click.option(
     "--sysfs-root",
     type=click.Path(file_okay=False),
@@ -744,11 +605,11 @@ def capture(
 ) -> None:
     """Record every answer this node's NVML and InfiniBand sources get, in one
     file a scenario can run on (`node: {capture: FILE}`; docs/capture.md)."""
-    config = _apply_overrides(_load(config_path), None, None, None, (), sysfs_root)
+    config = apply_overrides(read_config(config_path), None, None, None, (), sysfs_root)
     logs.setup(config.daemon.log_level, journal=False)
     clock = SystemClock()
     with ExitStack() as stack:
-        config, before_poll = _node_to_read(stack, config, clock, simulated)
+        config, before_poll = node_to_read(stack, config, clock, simulated)
         document = captures.capture_node(config, clock, polls, before_poll)
     if anonymize:
         document = captures.anonymize(document)
@@ -764,7 +625,7 @@ def capture(
         )
 
 
-def _node_to_read(
+def node_to_read(
     stack: ExitStack, config: Config, clock: SystemClock, simulated: str | None
 ) -> tuple[Config, Callable[[float], None] | None]:
     """This node (`simulated` None), or the simulated node of that scenario
@@ -775,155 +636,6 @@ def _node_to_read(
         return simulated_node(stack, config, clock, simulated)
     except ScenarioError as error:
         raise click.ClickException(str(error)) from error
-
-
-@dataclass(frozen=True)
-class _Target:
-    """The daemon a command talks to, and what it falls back on."""
-
-    config: Config
-    client: DaemonClient
-    explicit: bool  # --node given: never fall back on the local database
-    token_file: str
-    state_dir: str
-
-    def secret(self) -> str:
-        """The token a write sends. Without one the daemon would refuse the
-        write (and journal the refusal), so nothing is sent and the reason is
-        the message, once a read says the daemon is there (a daemon down is
-        the message first; the state database needs no token)."""
-        exposed = _exposed(self.token_file)
-        if exposed:
-            click.echo(f"warning: {exposed}; chmod 600 {self.token_file}", err=True)
-        try:
-            return client_secret(self.token_file)
-        except (OSError, ValueError) as error:
-            self.client.get("/api/v1/status")
-            raise click.ClickException(
-                f"nothing was sent to {self.client.url}, which takes changes only with a "
-                f"token: {self.token_problem()}"
-            ) from error
-
-    def token_problem(self) -> str:
-        """Why a 401 came back, as far as the token file tells."""
-        try:
-            client_secret(self.token_file)
-        except OSError as error:
-            return (
-                f"cannot read the API token file {self.token_file}: {error.strerror} "
-                f"(--token-file, or ${STATE_DIR_ENV} as a simulated daemon prints it)"
-            )
-        except ValueError as error:
-            return f"the API token file {self.token_file}: {error}"
-        return f"the daemon refused the token from {self.token_file}"
-
-
-def _target_options(command: Callable[..., None]) -> Callable[..., None]:
-    options = (
-        _node_option(
-            "URL of the daemon (default: the local one, or its state database when it "
-            "is not running).",
-        ),
-        click.option(
-            "--config", "config_path", type=click.Path(dir_okay=False), help="Config file."
-        ),
-        click.option(
-            "--token-file",
-            type=click.Path(dir_okay=False),
-            help="API token file (default: the config's api.token_file, or api-token in the "
-            "state directory).",
-        ),
-        _state_dir_option("State directory used when the local daemon is not running."),
-    )
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def _target(
-    node_url: str | None,
-    config_path: str | None,
-    token_file: str | None,
-    state_dir: str | None,
-    timeout: float = REQUEST_TIMEOUT_SECONDS,
-) -> _Target:
-    config = _load(config_path)
-    if state_dir is not None:
-        # The token file in that state directory, unless the config names one.
-        config = replace(config, daemon=replace(config.daemon, state_dir=state_dir))
-    return _Target(
-        config=config,
-        client=_client(config, node_url, timeout),
-        explicit=node_url is not None,
-        token_file=token_file or config.token_file,
-        state_dir=config.daemon.state_dir,
-    )
-
-
-@contextmanager
-def _offline(
-    target: _Target, wait: float = LOCK_WAIT_SECONDS, why: str | None = None
-) -> Iterator[Offline]:
-    """The state database, for a daemon that did not answer (`why` it is not
-    the database's); `_Neither` when it is held, by a daemon running where the
-    CLI did not ask."""
-    try:
-        with Offline(target.config, target.state_dir, wait) as offline:
-            yield offline
-    except StoreError as error:
-        if error.held:
-            raise _held(error.path, target.client, why) from error
-        raise click.ClickException(str(error)) from error
-    except ValueError as error:
-        # Exit 1 like the daemon's refusal of the same subject.
-        raise click.ClickException(str(error)) from error
-
-
-def _daemon_or_database(
-    target: _Target,
-    remote: Callable[[], T],
-    local: Callable[[Offline], T],
-    missing: Callable[[str], T] | None = None,
-    writes: bool = True,
-) -> T:
-    """`remote()` against the daemon; `local(...)` on the state database when
-    the local daemon is not running (never for an explicit --node). When there
-    is no database, `missing(path)` answers (or refuses) instead of creating
-    one, since an empty database would later read as a healthy node; with no
-    `missing` the database is created. A daemon that holds another state
-    directory than the target's is not asked either."""
-    elsewhere = None
-    try:
-        if not target.explicit:
-            elsewhere = _other_state_dir(target.client, target.state_dir)
-        if elsewhere is None:
-            return remote()
-    except DaemonDown as error:
-        if target.explicit:
-            raise _unreachable(target.client, error) from error
-    except DaemonUnreachable as error:
-        raise _unreachable(target.client, error) from error
-    except DaemonError as error:
-        hint = f" ({target.token_problem()})" if error.status == 401 else ""
-        raise click.ClickException(f"{error}{hint}") from error
-    database = os.path.join(target.state_dir, DB_NAME)
-    if missing is not None and not os.path.exists(database):
-        return missing(database)
-    there = None if elsewhere is None else f"the daemon there holds {elsewhere}"
-    with _offline(target, why=there) as offline:
-        # Said once the database is open: a daemon elsewhere may hold it.
-        absent = "gpuwatchd is not running here"
-        if elsewhere is not None:
-            absent = f"the gpuwatchd at {target.client.url} holds {elsewhere}, not this directory"
-        if writes:
-            click.echo(
-                f"{absent}: using the state database {database}; "
-                "the daemon applies the change when it starts",
-                err=True,
-            )
-        else:
-            click.echo(f"{absent}: reading the state database {database}", err=True)
-        return local(offline)
 
 
 @main.group()
@@ -940,7 +652,7 @@ def quarantine() -> None:
 @quarantine.command("add")
 @click.argument("subject")
 @click.option("--reason", required=True, help="Why, for the journal and the scheduler.")
-@_target_options
+@target_options
 def quarantine_add(
     subject: str,
     reason: str,
@@ -950,7 +662,7 @@ def quarantine_add(
     state_dir: str | None,
 ) -> None:
     """Quarantine SUBJECT."""
-    target = _target(node_url, config_path, token_file, state_dir)
+    target = resolve_target(node_url, config_path, token_file, state_dir)
     operator = local_operator()
 
     def remote() -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -975,7 +687,7 @@ def quarantine_add(
         )
 
     creates = subject.strip() == NODE
-    decision, held = _daemon_or_database(target, remote, local, None if creates else missing)
+    decision, held = daemon_or_database(target, remote, local, None if creates else missing)
     if decision is None:
         click.echo(
             f"{held['subject']} was already quarantined ({held['source']}, since "
@@ -988,7 +700,7 @@ def quarantine_add(
 @quarantine.command("release")
 @click.argument("subject")
 @click.option("--reason", default="", help="Why (default: released by <you>).")
-@_target_options
+@target_options
 def quarantine_release(
     subject: str,
     reason: str,
@@ -998,7 +710,7 @@ def quarantine_release(
     state_dir: str | None,
 ) -> None:
     """Release SUBJECT, whoever quarantined it."""
-    target = _target(node_url, config_path, token_file, state_dir)
+    target = resolve_target(node_url, config_path, token_file, state_dir)
     operator = local_operator()
 
     def remote() -> dict[str, Any] | None:
@@ -1021,7 +733,7 @@ def quarantine_release(
         click.echo(f"gpuwatchd is not running here, and there is no {database}", err=True)
         return None
 
-    decision = _daemon_or_database(target, remote, local, missing)
+    decision = daemon_or_database(target, remote, local, missing)
     if decision is None:
         raise click.ClickException(f"{subject} is not quarantined")
     click.echo(f"released {decision['subject']}: {decision['reason']}")
@@ -1029,7 +741,7 @@ def quarantine_release(
 
 @quarantine.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-@_target_options
+@target_options
 def quarantine_list(
     as_json: bool,
     node_url: str | None,
@@ -1038,7 +750,7 @@ def quarantine_list(
     state_dir: str | None,
 ) -> None:
     """The node's quarantines."""
-    target = _target(node_url, config_path, token_file, state_dir)
+    target = resolve_target(node_url, config_path, token_file, state_dir)
 
     def remote() -> list[dict[str, Any]]:
         quarantines: list[dict[str, Any]] = target.client.get("/api/v1/quarantines")["quarantines"]
@@ -1051,7 +763,7 @@ def quarantine_list(
         click.echo(f"gpuwatchd is not running here, and there is no {database}", err=True)
         return []
 
-    quarantines = _daemon_or_database(target, remote, local, missing, writes=False)
+    quarantines = daemon_or_database(target, remote, local, missing, writes=False)
     if as_json:
         click.echo(json.dumps(quarantines, indent=2, sort_keys=True))
     else:
@@ -1067,12 +779,12 @@ STALE_POLLS = 3
 
 
 @main.command("slurm-healthcheck")
-@_node_option("URL of the daemon (default: the local one).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
-@_state_dir_option("State directory (default: the config's daemon.state_dir).")
+@node_option("URL of the daemon (default: the local one).")
+@config_option()
+@state_dir_option("State directory (default: the config's daemon.state_dir).")
 @click.option(
     "--timeout",
-    callback=_duration,
+    callback=duration_value,
     default="2s",
     show_default=True,
     help="Wait this long for the daemon, then read the state database.",
@@ -1100,7 +812,7 @@ def slurm_healthcheck(
     node), unless --fail-open. With neither daemon nor database there is no
     verdict on the node: that exits 0 with a warning.
     """
-    target = _target(node_url, config_path, None, state_dir, timeout)
+    target = resolve_target(node_url, config_path, None, state_dir, timeout)
 
     def remote() -> tuple[str, str]:
         document = target.client.get("/api/v1/status")
@@ -1125,9 +837,9 @@ def slurm_healthcheck(
         # no wait for it then.
         wait = LOCK_WAIT_SECONDS if isinstance(error, DaemonDown) else 0.0
         try:
-            with _offline(target, wait) as offline:
+            with offline_database(target, wait) as offline:
                 saved = offline.node_verdict()
-        except _Neither as neither:
+        except Neither as neither:
             click.echo(f"gpuwatchd: no verdict ({_no_answer(error)}; {neither.message})")
             return
         health = saved.health
@@ -1192,8 +904,8 @@ def _why(quarantines: list[dict[str, Any]], findings: list[str]) -> str:
     help="Capture a simulated node's answers (a scenario file or built-in name): a report "
     "on a simulated daemon's state.",
 )
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file.")
-@_state_dir_option("State directory read when the local daemon is not running.")
+@config_option()
+@state_dir_option("State directory read when the local daemon is not running.")
 def report(
     subject: str,
     out: str | None,
@@ -1208,7 +920,7 @@ def report(
     answers. From this node's daemon through its API while it runs, else
     from its state database; tokens, secrets and host names are left out.
     There is no --node: the capture and the identity are this node's."""
-    target = _target(None, config_path, None, state_dir)
+    target = resolve_target(None, config_path, None, state_dir)
 
     def missing(database: str) -> reports.Held:
         raise click.ClickException(
@@ -1217,7 +929,7 @@ def report(
         )
 
     try:
-        held = _daemon_or_database(
+        held = daemon_or_database(
             target,
             lambda: reports.from_daemon(target.client, subject),
             lambda offline: reports.from_database(offline, subject),
@@ -1231,7 +943,7 @@ def report(
     logs.setup("warning", journal=False)
     clock = SystemClock()
     with ExitStack() as stack:
-        config, before_poll = _node_to_read(stack, target.config, clock, simulated)
+        config, before_poll = node_to_read(stack, target.config, clock, simulated)
         hidden = redactions(target.config, target.token_file)
         bundle = reports.build(held, config, clock, hidden, anonymize, before_poll)
     path = out or reports.default_path(bundle)
@@ -1242,8 +954,8 @@ def report(
 def _record_dcgm(config: Config, run: DcgmRun) -> str:
     """Where `canary --dcgm` keeps a run: through the daemon, which holds the
     state database while it runs, else in the database."""
-    target = _Target(
-        config, _client(config, None), False, config.token_file, config.daemon.state_dir
+    target = Target(
+        config, daemon_client(config, None), False, config.token_file, config.daemon.state_dir
     )
 
     def remote() -> str:
@@ -1253,12 +965,12 @@ def _record_dcgm(config: Config, run: DcgmRun) -> str:
     def local(offline: Offline) -> str:
         return f"recorded in {offline.store.path} (run {offline.record_dcgm(run)})"
 
-    return _daemon_or_database(target, remote, local)
+    return daemon_or_database(target, remote, local)
 
 
 # The canaries' one-shot command, with the simulated node the assembly
 # describes and the DCGM tier recording through this command's config.
 canary = canary_command(
-    simulated_canary_node, functools.partial(run_tier, DcgmHost(_load, _record_dcgm))
+    simulated_canary_node, functools.partial(run_tier, DcgmHost(read_config, _record_dcgm))
 )
 main.add_command(canary)
