@@ -52,6 +52,7 @@ from gpuwatchd.cli.common import (
     read_config,
     state_dir_option,
 )
+from gpuwatchd.cli.entry import main
 from gpuwatchd.cli.target import (
     Neither,
     Target,
@@ -98,33 +99,10 @@ from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS, JournalEntry, Store, Sto
 from gpuwatchd.terminal import colour_wanted, styled
 from gpuwatchd.units import format_duration, parse_moment
 
+# `gpuwatchd.cli:main`, the console script (pyproject.toml) and `python -m gpuwatchd`.
+__all__ = ["main"]
+
 log = logging.getLogger("gpuwatchd")
-
-
-def _show_version(ctx: click.Context, _: click.Parameter, wanted: bool) -> None:
-    # A callback, not click.version_option: the build is found (BUILD file,
-    # or git in a checkout) only when asked for, never at import.
-    if wanted and not ctx.resilient_parsing:
-        click.echo(f"gpuwatchd {version.describe()}")
-        ctx.exit()
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_show_version,
-    help="Show the version and the build it is (package, git commit), and exit.",
-)
-@click.pass_context
-def main(ctx: click.Context) -> None:
-    """GPU cluster health agent: reads NVML and InfiniBand, judges health,
-    exports it to Prometheus and acts on quarantine decisions."""
-    if ctx.invoked_subcommand is None:
-        # Asked for nothing: the help is the answer, not a usage error.
-        click.echo(ctx.get_help())
 
 
 @main.command()
