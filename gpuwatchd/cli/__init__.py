@@ -28,11 +28,10 @@ from gpuwatchd.actions.client import (
     subject_path,
 )
 from gpuwatchd.actions.manual import check_text, local_operator
-from gpuwatchd.actions.webhook import unreadable_files
 from gpuwatchd.assemble import simulated_canary_node, simulated_node
 from gpuwatchd.canary.cli import canary_command
 from gpuwatchd.canary.wire import to_wire
-from gpuwatchd.cli import run, status_and_journal
+from gpuwatchd.cli import check_config, run, status_and_journal
 from gpuwatchd.cli.common import (
     apply_overrides,
     config_option,
@@ -54,7 +53,6 @@ from gpuwatchd.cli.target import (
 from gpuwatchd.clock import SystemClock
 from gpuwatchd.config import (
     Config,
-    load_config,
 )
 from gpuwatchd.dcgm import DcgmRun
 from gpuwatchd.dcgm.tier import DcgmHost, run_tier
@@ -63,7 +61,6 @@ from gpuwatchd.redact import redactions
 from gpuwatchd.server import (
     DCGM_RUNS,
 )
-from gpuwatchd.settings import SettingsError
 from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.status import format_time, render_quarantines
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS
@@ -73,24 +70,6 @@ from gpuwatchd.units import format_duration
 __all__ = ["main"]
 
 log = logging.getLogger("gpuwatchd")
-
-
-@main.command("check-config")
-@click.argument("path", type=click.Path(dir_okay=False))
-def check_config(path: str) -> None:
-    """Validate a config file: exit 0, or name the file, line and key that is wrong.
-
-    Files the config names that cannot be read on this host (a webhook's
-    secret) are warnings: a config is also checked away from its nodes."""
-    try:
-        config = load_config(path)
-    except SettingsError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(1)
-    for webhook in config.actions.webhooks:
-        for problem in unreadable_files(webhook):
-            click.echo(f"warning: {problem} here", err=True)
-    click.echo(f"{path}: ok")
 
 
 @main.command("capture")
@@ -504,3 +483,4 @@ main.add_command(canary)
 main.add_command(run.run)
 main.add_command(status_and_journal.status)
 main.add_command(status_and_journal.journal)
+main.add_command(check_config.check_config)
