@@ -10,13 +10,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 import click
 
-from gpuwatchd import capture as captures
 from gpuwatchd import logs
 from gpuwatchd import report as reports
 from gpuwatchd.actions.client import (
@@ -25,12 +23,12 @@ from gpuwatchd.actions.client import (
     DaemonUnreachable,
     Offline,
 )
-from gpuwatchd.assemble import simulated_canary_node, simulated_node
+from gpuwatchd.assemble import simulated_canary_node
 from gpuwatchd.canary.cli import canary_command
 from gpuwatchd.canary.wire import to_wire
-from gpuwatchd.cli import check_config, quarantine, run, status_and_journal
+from gpuwatchd.cli import capture, check_config, quarantine, run, status_and_journal
+from gpuwatchd.cli.capture import node_to_read
 from gpuwatchd.cli.common import (
-    apply_overrides,
     config_option,
     duration_value,
     node_option,
@@ -56,7 +54,6 @@ from gpuwatchd.redact import redactions
 from gpuwatchd.server import (
     DCGM_RUNS,
 )
-from gpuwatchd.sim.scenario import ScenarioError
 from gpuwatchd.store import DB_NAME, LOCK_WAIT_SECONDS
 from gpuwatchd.units import format_duration
 
@@ -64,78 +61,6 @@ from gpuwatchd.units import format_duration
 __all__ = ["main"]
 
 log = logging.getLogger("gpuwatchd")
-
-
-@main.command("capture")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, allow_dash=True),
-    default="-",
-    help="Write the capture to this file (default: standard output).",
-)
-@config_option()
-@click.option(
-    "--sysfs-root",
-    type=click.Path(file_okay=False),
-    help="Read InfiniBand, and look for GPUs on the PCI bus, under this root.",
-)
-@click.option(
-    "--polls",
-    type=click.IntRange(1, 10),
-    default=captures.DEFAULT_POLLS,
-    show_default=True,
-    help="How many polls to record.",
-)
-@click.option(
-    "--anonymize", is_flag=True, help="Replace GPU UUIDs and HCA node GUIDs with pseudonyms."
-)
-@click.option(
-    "--simulate",
-    "simulated",
-    metavar="SCENARIO",
-    help="Capture a simulated node instead (a scenario file or built-in name).",
-)
-def capture(
-    out: str,
-    config_path: str | None,
-    sysfs_root: str | None,
-    polls: int,
-    anonymize: bool,
-    simulated: str | None,
-) -> None:
-    """Record every answer this node's NVML and InfiniBand sources get, in one
-    file a scenario can run on (`node: {capture: FILE}`; docs/capture.md)."""
-    config = apply_overrides(read_config(config_path), None, None, None, (), sysfs_root)
-    logs.setup(config.daemon.log_level, journal=False)
-    clock = SystemClock()
-    with ExitStack() as stack:
-        config, before_poll = node_to_read(stack, config, clock, simulated)
-        document = captures.capture_node(config, clock, polls, before_poll)
-    if anonymize:
-        document = captures.anonymize(document)
-    with click.open_file(out, "w", encoding="utf-8", atomic=out != "-") as stream:
-        stream.write(captures.dumps(document))
-    click.echo(f"captured {captures.summary(document)}", err=True)
-    missing = captures.nvml_missing(document)
-    if missing is not None:
-        # The file says why, for a report; a script must not take it for a node's capture.
-        raise click.ClickException(
-            f"no GPU was captured: {missing} (a config with sources.nvml.enabled: false "
-            "captures InfiniBand alone; --simulate SCENARIO, a simulated node)"
-        )
-
-
-def node_to_read(
-    stack: ExitStack, config: Config, clock: SystemClock, simulated: str | None
-) -> tuple[Config, Callable[[float], None] | None]:
-    """This node (`simulated` None), or the simulated node of that scenario
-    until `stack` closes: the config that reads it, and what moves it."""
-    if simulated is None:
-        return config, None
-    try:
-        return simulated_node(stack, config, clock, simulated)
-    except ScenarioError as error:
-        raise click.ClickException(str(error)) from error
 
 
 # Node health that takes the node out of Slurm: `unknown` is a node whose
@@ -347,3 +272,4 @@ main.add_command(status_and_journal.status)
 main.add_command(status_and_journal.journal)
 main.add_command(check_config.check_config)
 main.add_command(quarantine.quarantine)
+main.add_command(capture.capture)
