@@ -9,7 +9,7 @@ import click
 from click.testing import CliRunner
 
 from gpuwatchd.canary.spec import RANDOM_GEMM_DTYPES
-from gpuwatchd.cli import canary
+from gpuwatchd.cli.canary import canary
 
 
 def scenario(

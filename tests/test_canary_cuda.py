@@ -38,7 +38,7 @@ from gpuwatchd.canary.spec import (
     CanarySpec,
 )
 from gpuwatchd.canary.wire import from_wire, to_wire
-from gpuwatchd.cli import canary
+from gpuwatchd.cli.canary import canary
 from gpuwatchd.clock import Clock, FakeClock
 from gpuwatchd.config import Config
 from gpuwatchd.model import GpuSample

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwatchd.cli import TELL_WHERE, main
+from gpuwatchd.cli import main
+from gpuwatchd.cli.run import TELL_WHERE
 
 
 def _free_port() -> int:

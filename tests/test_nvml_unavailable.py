@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from daemon_support import simulated_daemon
 
 from gpuwatchd.canary.cli import EXIT_CANNOT_RUN
-from gpuwatchd.cli import canary as canary_command
 from gpuwatchd.cli import main
+from gpuwatchd.cli.canary import canary as canary_command
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import Config, DaemonConfig
 from gpuwatchd.daemon import Daemon
