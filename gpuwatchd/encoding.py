@@ -16,6 +16,7 @@ pages and on hostile names and values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import exposition
@@ -34,18 +35,37 @@ UNDERSCORES = openmetrics.UNDERSCORES
 # prometheus_client's own, typed here (the library leaves them unannotated).
 _go_float: Callable[[float], str] = floatToGoString
 _openmetrics_encoder: Callable[[Collector, str, str], bytes] = openmetrics.generate_latest
+# Distinct names and label values kept escaped at most: a node's page has about
+# 500 (its subjects, UUIDs and label names).
+MEMO_BOUND = 10_000
 
 
 class _Memo(dict[str, str]):
-    """`escape(s)` for each distinct `s`, computed once."""
+    """`escape(s)` for each distinct `s`, computed once and kept across
+    renders (the answer depends on `s` alone); emptied when it holds `bound`
+    strings, so that label values that come and go cannot grow it for ever."""
 
-    def __init__(self, escape: Callable[[str], str]) -> None:
+    def __init__(self, escape: Callable[[str], str], bound: int = MEMO_BOUND) -> None:
         super().__init__()
         self._escape = escape
+        self._bound = bound
 
     def __missing__(self, key: str) -> str:
+        if len(self) >= self._bound:
+            self.clear()
         value = self[key] = self._escape(key)
         return value
+
+
+class _Floats(dict[float, str]):
+    """A sample value as Go writes it, for each distinct value in one page.
+    0.0 and -0.0 are one key but two texts: zero is written by its sign."""
+
+    def __missing__(self, value: float) -> str:
+        if value == 0:
+            return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+        text = self[value] = _go_float(value)
+        return text
 
 
 def _label_value(value: str) -> str:
@@ -96,15 +116,41 @@ def _handled(family: Metric) -> bool:
     )
 
 
+_METRIC_NAMES = _Memo(_metric_name)
+_OPENMETRICS_SAMPLE_NAMES = _Memo(_openmetrics_sample_name)
+_LABEL_NAMES = _Memo(_label_name)
+_LABEL_VALUES = _Memo(_label_value)
+
+
+class HeldFamily(Metric):
+    """A family kept from one render to the next while what it is made of
+    stays the same (gpuwatchd.export.held): its encodings are kept with it,
+    so its samples must not change once it is made."""
+
+    def __init__(self, family: Metric) -> None:
+        super().__init__(family.name, family.documentation, family.type, family.unit)
+        self.samples = family.samples
+        self.encoded: dict[bool, str] = {}  # OpenMetrics or not -> the family's text
+
+
 class _Encoder:
     def __init__(self, openmetrics_format: bool) -> None:
         self.openmetrics = openmetrics_format
-        self.metric_names = _Memo(_metric_name)
-        self.sample_names = _Memo(_openmetrics_sample_name if openmetrics_format else _metric_name)
-        self.label_names = _Memo(_label_name)
-        self.label_values = _Memo(_label_value)
+        self.metric_names = _METRIC_NAMES
+        self.sample_names = _OPENMETRICS_SAMPLE_NAMES if openmetrics_format else _METRIC_NAMES
+        self.label_names = _LABEL_NAMES
+        self.label_values = _LABEL_VALUES
+        self.floats = _Floats()
 
     def family(self, family: Metric) -> str:
+        if not isinstance(family, HeldFamily):
+            return self._encoded(family)
+        text = family.encoded.get(self.openmetrics)
+        if text is None:
+            text = family.encoded[self.openmetrics] = self._encoded(family)
+        return text
+
+    def _encoded(self, family: Metric) -> str:
         if not _handled(family):
             return self._by_the_library(family)
         if self.openmetrics:
@@ -119,10 +165,11 @@ class _Encoder:
                 f"# HELP {name} {_text_help(family.documentation)}\n"
                 f"# TYPE {name} {TEXT_TYPE[family.type]}\n"
             ]
-        sample_names, label_names, label_values = (
+        sample_names, label_names, label_values, floats = (
             self.sample_names,
             self.label_names,
             self.label_values,
+            self.floats,
         )
         for sample in family.samples:
             if sample.labels:
@@ -132,9 +179,9 @@ class _Encoder:
                         for key, value in sorted(sample.labels.items())
                     ]
                 )
-                lines.append(f"{sample_names[sample.name]}{{{labels}}} {_go_float(sample.value)}\n")
+                lines.append(f"{sample_names[sample.name]}{{{labels}}} {floats[sample.value]}\n")
             else:
-                lines.append(f"{sample_names[sample.name]} {_go_float(sample.value)}\n")
+                lines.append(f"{sample_names[sample.name]} {floats[sample.value]}\n")
         return "".join(lines)
 
     def _by_the_library(self, family: Metric) -> str:

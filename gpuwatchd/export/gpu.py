@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.export.detail import compacted, gpu_subject, link_subject, troubled
+from gpuwatchd.export.detail import ExportConfig, compacted, gpu_subject, link_subject, troubled
+from gpuwatchd.export.held import Held
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
@@ -30,6 +31,7 @@ from gpuwatchd.model import (
     NVLINK_ERROR_TYPES,
     THROTTLE_REASONS,
     GpuSample,
+    LinkSample,
 )
 from gpuwatchd.snapshot import Snapshot
 
@@ -403,6 +405,28 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     yield ber
 
 
+LinkKey = tuple[int, int, bool | None, tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]
+# A node's per-link series are most of its page, and a link's counters stand
+# still until it errs: they are encoded again only when a link's reading changes.
+_HELD_LINKS: Held[tuple[frozenset[str] | None, tuple[LinkKey, ...]]] = Held()
+
+
+def _link_key(link: LinkSample) -> LinkKey:
+    """Every value of `link` its series are made of."""
+    ber = tuple((kind, repr(rate)) for kind, rate in link.ber.items())
+    return (link.gpu, link.link, link.up, tuple(link.errors.items()), ber)
+
+
+def _held_link_families(
+    gpus: Sequence[GpuSample], export: ExportConfig, flagged: frozenset[str]
+) -> tuple[Metric, ...]:
+    key = (
+        flagged if export.compact else None,
+        tuple(_link_key(link) for gpu in gpus for link in gpu.nvlinks),
+    )
+    return _HELD_LINKS(key, lambda: compacted(_link_families(gpus), export, flagged, link_subject))
+
+
 def _link_totals(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     """Each GPU's NVLinks summed up: what compact mode keeps of them."""
     up = GaugeMetricFamily(
@@ -442,7 +466,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         _gpu_families(answering), export, flagged, gpu_subject, COMPACT_GPU_FAMILIES
     )
     yield from _link_totals(answering)
-    yield from compacted(_link_families(answering), export, flagged, link_subject)
+    yield from _held_link_families(answering, export, flagged)
     # A lost GPU's XIDs (79 among them) still count; everything else about it is unknown.
     gpus = snapshot.gpus
     yield _by_label(

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwatchd.export.detail import measurement_subject, only_for, troubled
+from gpuwatchd.export.held import Held
 from gpuwatchd.model import Health, Measurement, Quarantine, Severity
 from gpuwatchd.policy import AUTO, NODE
 from gpuwatchd.snapshot import Snapshot
@@ -56,7 +57,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         yield _health_state_id(snapshot, flagged)
         yield _node_health_state_id(snapshot)
     else:
-        yield _health_state(snapshot)
+        yield _held_health_state(snapshot)
         yield _node_health_state(snapshot)
     yield _findings(snapshot)
     live = [q for q in snapshot.quarantines if not q.dry_run]
@@ -75,6 +76,18 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     )
     for family in _measurements(snapshot.measurements):
         yield only_for(family, flagged, measurement_subject) if snapshot.export.compact else family
+
+
+# Four series a subject, a node's most numerous family, and health changes
+# seldom: encoded again only when a subject's health changes.
+_HELD_HEALTH: Held[tuple[tuple[str, Health], ...]] = Held()
+
+
+def _held_health_state(snapshot: Snapshot) -> Metric:
+    (family,) = _HELD_HEALTH(
+        tuple(sorted(snapshot.health.items())), lambda: (_health_state(snapshot),)
+    )
+    return family
 
 
 def _health_state(snapshot: Snapshot) -> GaugeMetricFamily:

@@ -1,0 +1,50 @@
+"""The families kept from one render to the next (gpuwatchd.export.held):
+an unchanged reading re-uses them, and any change to what they are made of
+shows at once, on the page the daemon encodes."""
+
+from __future__ import annotations
+
+from gpuwatchd.encoding import encode
+from gpuwatchd.export import gpu, health
+from gpuwatchd.model import GpuSample, Health, LinkSample
+from gpuwatchd.snapshot import Snapshot
+
+
+def node(*links: LinkSample, states: dict[str, Health] | None = None) -> Snapshot:
+    board = GpuSample(index=0, up=True, uuid="GPU-0", name="H100", nvlinks=links)
+    return Snapshot(time=10.0, gpus=(board,), health=states or {"node": Health.HEALTHY})
+
+
+def page(snapshot: Snapshot, openmetrics_format: bool = False) -> str:
+    families = [*gpu.families(snapshot), *health.families(snapshot)]
+    return encode((f for f in families if f.samples), openmetrics_format).decode()
+
+
+def link(crc: int = 0, ber: float | None = None) -> LinkSample:
+    rates = {} if ber is None else {"effective": ber}
+    return LinkSample(gpu=0, link=3, up=True, errors={"crc_flit": crc}, ber=rates)
+
+
+def test_an_unchanged_link_reading_made_afresh_reuses_its_families() -> None:
+    first = [f for f in gpu.families(node(link(crc=5))) if f.name.startswith("gpuwatchd_nvlink")]
+    again = [f for f in gpu.families(node(link(crc=5))) if f.name.startswith("gpuwatchd_nvlink")]
+    assert first and all(a is b for a, b in zip(first, again, strict=True))
+
+
+def test_a_link_counter_that_moved_is_on_the_next_page_in_either_format() -> None:
+    for openmetrics_format in (False, True):
+        page(node(link(crc=5)), openmetrics_format)
+        moved = page(node(link(crc=6)), openmetrics_format)
+        assert 'gpuwatchd_nvlink_errors_total{gpu="0",link="3",type="crc_flit"} 6.0' in moved
+
+
+def test_a_bit_error_rate_of_minus_zero_is_not_served_as_zero() -> None:
+    assert 'type="effective"} 0.0' in page(node(link(ber=0.0)))
+    assert 'type="effective"} -0.0' in page(node(link(ber=-0.0)))
+
+
+def test_a_subject_whose_health_changed_is_on_the_next_page() -> None:
+    page(node(link(), states={"node": Health.HEALTHY, "gpu:0": Health.HEALTHY}))
+    changed = page(node(link(), states={"node": Health.HEALTHY, "gpu:0": Health.DEGRADED}))
+    assert 'gpuwatchd_health_state{state="degraded",subject="gpu:0"} 1.0' in changed
+    assert 'gpuwatchd_health_state{state="healthy",subject="gpu:0"} 0.0' in changed
