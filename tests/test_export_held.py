@@ -4,8 +4,11 @@ shows at once, on the page the daemon encodes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuwatchd.encoding import encode
 from gpuwatchd.export import gpu, health
+from gpuwatchd.export.detail import ExportConfig
 from gpuwatchd.model import GpuSample, Health, LinkSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -48,3 +51,13 @@ def test_a_subject_whose_health_changed_is_on_the_next_page() -> None:
     changed = page(node(link(), states={"node": Health.HEALTHY, "gpu:0": Health.DEGRADED}))
     assert 'gpuwatchd_health_state{state="degraded",subject="gpu:0"} 1.0' in changed
     assert 'gpuwatchd_health_state{state="healthy",subject="gpu:0"} 0.0' in changed
+
+
+def test_a_compact_render_leaves_the_held_full_families_whole() -> None:
+    board = GpuSample(index=0, up=True, uuid="GPU-0", name="H100", power_limit_watts=700.0)
+    full = Snapshot(time=10.0, gpus=(board,))
+    compact = dataclasses.replace(full, export=ExportConfig(detail="compact"))
+    limit = 'gpuwatchd_gpu_power_limit_watts{gpu="0",model="H100",uuid="GPU-0"} 700.0'
+    assert limit in page(full)
+    assert limit not in page(compact)  # a healthy GPU's detail
+    assert limit in page(full)

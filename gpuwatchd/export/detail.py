@@ -76,15 +76,15 @@ def measurement_subject(sample: Sample) -> str | None:
 
 
 def only_for(family: Metric, subjects: Collection[str], subject_of: SubjectOf) -> Metric:
-    """`family` with the series of `subjects` only; a series that names no
-    subject (a node-wide value) is kept."""
-    kept = []
+    """A copy of `family` with the series of `subjects` only; a series that
+    names no subject (a node-wide value) is kept. `family` itself is left as
+    it is: it may be held for the next render (gpuwatchd.export.held)."""
+    kept = Metric(family.name, family.documentation, family.type, family.unit)
     for sample in family.samples:
         subject = subject_of(sample)
         if subject is None or subject in subjects:
-            kept.append(sample)
-    family.samples = kept
-    return family
+            kept.samples.append(sample)
+    return kept
 
 
 def compacted(
@@ -98,5 +98,6 @@ def compacted(
     `always` (by name) keeps the series of the `flagged` subjects only."""
     for family in families:
         if export.compact and family.name not in always:
-            only_for(family, flagged, subject_of)
-        yield family
+            yield only_for(family, flagged, subject_of)
+        else:
+            yield family

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatchd.export.detail import ExportConfig, compacted, gpu_subject, link_subject, troubled
-from gpuwatchd.export.held import Held
+from gpuwatchd.export.held import Held, exact, held_series
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
@@ -68,33 +68,32 @@ COMPACT_GPU_FAMILIES = frozenset(
 )
 
 
-def _gpu_labels(gpu: GpuSample) -> list[str]:
-    return [str(gpu.index), gpu.uuid or "", gpu.name or ""]
+def _gpu_labels(gpu: GpuSample) -> tuple[str, ...]:
+    return (str(gpu.index), gpu.uuid or "", gpu.name or "")
 
 
 def _gauge(
     name: str, documentation: str, gpus: Sequence[GpuSample], getter: Getter, unit: str = ""
-) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, documentation, labels=GPU_LABELS, unit=unit)
-    for gpu in gpus:
-        value = getter(gpu)
-        if value is not None:
-            family.add_metric(_gpu_labels(gpu), float(value))
-    return family
+) -> Metric:
+    series = [
+        (_gpu_labels(gpu), float(value)) for gpu in gpus if (value := getter(gpu)) is not None
+    ]
+    return held_series(GaugeMetricFamily(name, documentation, labels=GPU_LABELS, unit=unit), series)
 
 
 def _by_label(
     family: GaugeMetricFamily | CounterMetricFamily,
     gpus: Sequence[GpuSample],
     values: Callable[[GpuSample], Iterable[tuple[str | tuple[str, ...], Value]]],
-) -> GaugeMetricFamily | CounterMetricFamily:
-    """Fill a family whose series add labels (sensor, clock, reason...) to the GPU's."""
-    for gpu in gpus:
-        for extra, value in values(gpu):
-            if value is not None:
-                extra_labels = (extra,) if isinstance(extra, str) else extra
-                family.add_metric([*_gpu_labels(gpu), *extra_labels], float(value))
-    return family
+) -> Metric:
+    """A family whose series add labels (sensor, clock, reason...) to the GPU's."""
+    series = [
+        ((*_gpu_labels(gpu), *((extra,) if isinstance(extra, str) else extra)), float(value))
+        for gpu in gpus
+        for extra, value in values(gpu)
+        if value is not None
+    ]
+    return held_series(family, series)
 
 
 # Single-valued gauges: (name, help, getter, unit).
@@ -405,7 +404,9 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     yield ber
 
 
-LinkKey = tuple[int, int, bool | None, tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]
+LinkKey = tuple[
+    int, int, bool | None, tuple[tuple[str, int], ...], tuple[tuple[str, float | str], ...]
+]
 # A node's per-link series are most of its page, and a link's counters stand
 # still until it errs: they are encoded again only when a link's reading changes.
 _HELD_LINKS: Held[tuple[frozenset[str] | None, tuple[LinkKey, ...]]] = Held()
@@ -413,7 +414,7 @@ _HELD_LINKS: Held[tuple[frozenset[str] | None, tuple[LinkKey, ...]]] = Held()
 
 def _link_key(link: LinkSample) -> LinkKey:
     """Every value of `link` its series are made of."""
-    ber = tuple((kind, repr(rate)) for kind, rate in link.ber.items())
+    ber = tuple((kind, exact(rate)) for kind, rate in link.ber.items())
     return (link.gpu, link.link, link.up, tuple(link.errors.items()), ber)
 
 

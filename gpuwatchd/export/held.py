@@ -6,20 +6,27 @@ counters and its subjects' health stay as they were for hours. `Held` keeps
 such families with a key that holds every value they are made of, as plain
 immutable values compared by equality: a key made afresh from equal readings
 finds them, and any change at all builds them anew. Their encoded text is
-kept with them (gpuwatchd.encoding.HeldFamily). A float goes into a key as
-its repr: 0.0 and -0.0 are equal but are written apart.
+kept with them (gpuwatchd.encoding.HeldFamily). A sample value goes into a
+key through `exact`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatchd.encoding import HeldFamily
 
 Key = TypeVar("Key", bound=Hashable)
+
+
+def exact(value: float) -> float | str:
+    """`value` as a key: 0.0 and -0.0 are equal but are written apart, so a zero
+    is keyed by its text (NaN equals nothing: a family showing one is rebuilt)."""
+    return value if value else repr(value)
 
 
 class Held(Generic[Key]):
@@ -37,3 +44,22 @@ class Held(Generic[Key]):
         families = tuple(HeldFamily(family) for family in build())
         self._last = (key, families)
         return families
+
+
+Series = Sequence[tuple[tuple[str, ...], float]]  # label values, value
+SeriesKey = tuple[tuple[tuple[str, ...], float | str], ...]
+# A family name is one family of the page: each is held on its own.
+_BY_NAME: defaultdict[str, Held[SeriesKey]] = defaultdict(Held)
+
+
+def held_series(family: GaugeMetricFamily | CounterMetricFamily, series: Series) -> Metric:
+    """`family` (empty) with `series`, or the family of its name held with equal series."""
+    key = tuple((labels, exact(value)) for labels, value in series)
+    (held,) = _BY_NAME[family.name](key, lambda: (_filled(family, series),))
+    return held
+
+
+def _filled(family: GaugeMetricFamily | CounterMetricFamily, series: Series) -> Metric:
+    for labels, value in series:
+        family.add_metric(labels, value)
+    return family

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwatchd.export.detail import compacted, sample_port_subject, troubled
+from gpuwatchd.export.held import held_series
 from gpuwatchd.model import InfinibandDevice, PortSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -174,8 +175,8 @@ PORT_GAUGES: tuple[tuple[str, str, PortValue], ...] = (
 )
 
 
-def _port_labels(port: PortSample) -> list[str]:
-    return [port.device, str(port.port)]
+def _port_labels(port: PortSample) -> tuple[str, ...]:
+    return (port.device, str(port.port))
 
 
 def _info(devices: Sequence[InfinibandDevice]) -> GaugeMetricFamily:
@@ -192,37 +193,45 @@ def _info(devices: Sequence[InfinibandDevice]) -> GaugeMetricFamily:
     return family
 
 
-def _gauges(ports: Sequence[PortSample]) -> Iterator[GaugeMetricFamily]:
+def _gauges(ports: Sequence[PortSample]) -> Iterator[Metric]:
     for name, documentation, value in PORT_GAUGES:
         family = GaugeMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
-        for port in ports:
-            reading = value(port)
-            if reading is not None:
-                family.add_metric(_port_labels(port), float(reading))
-        yield family
+        yield _per_port(family, ports, value)
 
 
-def _counters(ports: Sequence[PortSample]) -> Iterator[CounterMetricFamily]:
+def _counters(ports: Sequence[PortSample]) -> Iterator[Metric]:
     for file, (name, documentation) in COUNTER_METRICS.items():
         family = CounterMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
-        for port in ports:
-            reading = port.counters.get(file)
-            if reading is not None:
-                family.add_metric(_port_labels(port), float(reading))
-        yield family
+        yield _per_port(family, ports, _counter(file))
 
 
-def _hw_counters(ports: Sequence[PortSample]) -> CounterMetricFamily:
+def _counter(file: str) -> PortValue:
+    return lambda port: port.counters.get(file)
+
+
+def _per_port(
+    family: GaugeMetricFamily | CounterMetricFamily, ports: Sequence[PortSample], value: PortValue
+) -> Metric:
+    """`family` with a series a port that has a reading. A port's error
+    counters stand still until it errs: the family is encoded again only when
+    one of its series changed (gpuwatchd.export.held)."""
+    readings = ((_port_labels(port), value(port)) for port in ports)
+    return held_series(family, [(labels, float(r)) for labels, r in readings if r is not None])
+
+
+def _hw_counters(ports: Sequence[PortSample]) -> Metric:
     family = CounterMetricFamily(
         PREFIX + "hw_counters_total",
         "Driver-specific hardware counter of the port, named by its file under hw_counters/.",
         labels=(*PORT_LABELS, "counter"),
     )
-    for port in ports:
-        for counter, reading in sorted(port.hw_counters.items()):
-            if counter not in NOT_HW_COUNTERS:
-                family.add_metric([*_port_labels(port), counter], float(reading))
-    return family
+    series = [
+        ((*_port_labels(port), counter), float(reading))
+        for port in ports
+        for counter, reading in sorted(port.hw_counters.items())
+        if counter not in NOT_HW_COUNTERS
+    ]
+    return held_series(family, series)
 
 
 def families(snapshot: Snapshot) -> list[Metric]:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from gpuwatchd.export.held import held_series
 from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample, canonical_address
 from gpuwatchd.snapshot import Snapshot
 
@@ -38,10 +39,11 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
         "(correctable, nonfatal, fatal; the kernel's aer_dev_* totals).",
         labels=("device", "kind", "name", "severity"),
     )
-    for function in snapshot.pcie_functions:
-        labels = [function.address, function.kind, _name(function, gpus)]
-        for severity in AER_SEVERITIES:
-            count = function.aer_errors.get(severity)
-            if count is not None:
-                errors.add_metric([*labels, severity], float(count))
-    yield errors
+    series = [
+        ((function.address, function.kind, _name(function, gpus), severity), float(count))
+        for function in snapshot.pcie_functions
+        for severity in AER_SEVERITIES
+        if (count := function.aer_errors.get(severity)) is not None
+    ]
+    # AER counts stand still on a healthy bus: encoded again only when one moved.
+    yield held_series(errors, series)
