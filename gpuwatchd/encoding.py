@@ -17,12 +17,13 @@ pages and on hostile names and values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 from prometheus_client import exposition
 from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 HANDLED_TYPES = frozenset({"gauge", "counter", "info"})
@@ -120,17 +121,53 @@ _METRIC_NAMES = _Memo(_metric_name)
 _OPENMETRICS_SAMPLE_NAMES = _Memo(_openmetrics_sample_name)
 _LABEL_NAMES = _Memo(_label_name)
 _LABEL_VALUES = _Memo(_label_value)
+_OPENMETRICS_HELPS = _Memo(_openmetrics_help)
+_TEXT_HELPS = _Memo(_text_help)
 
 
 class HeldFamily(Metric):
     """A family kept from one render to the next while what it is made of
     stays the same (gpuwatchd.export.held): its encodings are kept with it,
-    so its samples must not change once it is made."""
+    so its samples must not change once it is made.
 
-    def __init__(self, family: Metric) -> None:
+    `series_keys`, where given, are what each sample is made of, one a sample
+    (its label values and value): a family made to replace `previous` re-uses
+    the lines of the samples whose key it had too."""
+
+    def __init__(
+        self,
+        family: Metric,
+        series_keys: Sequence[Hashable] = (),
+        previous: HeldFamily | None = None,
+    ) -> None:
         super().__init__(family.name, family.documentation, family.type, family.unit)
         self.samples = family.samples
-        self.encoded: dict[bool, str] = {}  # OpenMetrics or not -> the family's text
+        self.series_keys = series_keys
+        # OpenMetrics or not -> the family's header, then a line a sample.
+        self.encoded: dict[bool, list[str]] = {}
+        self._previous: HeldFamily | None = previous
+        if previous is not None:
+            previous._previous = None  # one family back is enough to re-use lines
+
+    def reusable(self, openmetrics_format: bool) -> dict[Hashable, str]:
+        """The lines of the family this one replaced, by their sample's key."""
+        previous = self._previous
+        if previous is None or not _same_shape(self, previous):
+            return {}
+        lines = previous.encoded.get(openmetrics_format)
+        if lines is None or len(lines) != len(previous.series_keys) + 1:
+            return {}
+        return dict(zip(previous.series_keys, lines[1:], strict=True))
+
+
+def _same_shape(family: HeldFamily, other: HeldFamily) -> bool:
+    """Whether `other`'s lines are written as `family`'s are, given equal keys."""
+    if len(family.series_keys) != len(family.samples):
+        return False
+    if not family.samples or not other.samples:
+        return True
+    mine, theirs = family.samples[0], other.samples[0]
+    return (mine.name, tuple(mine.labels)) == (theirs.name, tuple(theirs.labels))
 
 
 class _Encoder:
@@ -144,45 +181,57 @@ class _Encoder:
 
     def family(self, family: Metric) -> str:
         if not isinstance(family, HeldFamily):
-            return self._encoded(family)
-        text = family.encoded.get(self.openmetrics)
-        if text is None:
-            text = family.encoded[self.openmetrics] = self._encoded(family)
-        return text
+            return "".join(self._lines(family))
+        lines = family.encoded.get(self.openmetrics)
+        if lines is None:
+            lines = family.encoded[self.openmetrics] = self._held_lines(family)
+        return "".join(lines)
 
-    def _encoded(self, family: Metric) -> str:
+    def _held_lines(self, family: HeldFamily) -> list[str]:
+        reusable = family.reusable(self.openmetrics)
+        if not reusable or not _handled(family):
+            return self._lines(family)
+        line = self._line
+        return [
+            self._header(family),
+            *(
+                reusable.get(key) or line(sample)
+                for key, sample in zip(family.series_keys, family.samples, strict=True)
+            ),
+        ]
+
+    def _lines(self, family: Metric) -> list[str]:
+        """The family's header, then a line a sample (or the library's text, whole)."""
         if not _handled(family):
-            return self._by_the_library(family)
+            return [self._by_the_library(family)]
+        line = self._line
+        return [self._header(family), *(line(sample) for sample in family.samples)]
+
+    def _header(self, family: Metric) -> str:
         if self.openmetrics:
             name = self.metric_names[family.name]
-            lines = [
-                f"# HELP {name} {_openmetrics_help(family.documentation)}\n"
+            return (
+                f"# HELP {name} {_OPENMETRICS_HELPS[family.documentation]}\n"
                 f"# TYPE {name} {family.type}\n"
-            ]
-        else:
-            name = self.metric_names[family.name + TEXT_SUFFIX[family.type]]
-            lines = [
-                f"# HELP {name} {_text_help(family.documentation)}\n"
-                f"# TYPE {name} {TEXT_TYPE[family.type]}\n"
-            ]
-        sample_names, label_names, label_values, floats = (
-            self.sample_names,
-            self.label_names,
-            self.label_values,
-            self.floats,
+            )
+        name = self.metric_names[family.name + TEXT_SUFFIX[family.type]]
+        return (
+            f"# HELP {name} {_TEXT_HELPS[family.documentation]}\n"
+            f"# TYPE {name} {TEXT_TYPE[family.type]}\n"
         )
-        for sample in family.samples:
-            if sample.labels:
-                labels = ",".join(
-                    [
-                        f'{label_names[key]}="{label_values[value]}"'
-                        for key, value in sorted(sample.labels.items())
-                    ]
-                )
-                lines.append(f"{sample_names[sample.name]}{{{labels}}} {floats[sample.value]}\n")
-            else:
-                lines.append(f"{sample_names[sample.name]} {floats[sample.value]}\n")
-        return "".join(lines)
+
+    def _line(self, sample: Sample) -> str:
+        value = self.floats[sample.value]
+        if not sample.labels:
+            return f"{self.sample_names[sample.name]} {value}\n"
+        label_names, label_values = self.label_names, self.label_values
+        labels = ",".join(
+            [
+                f'{label_names[key]}="{label_values[text]}"'
+                for key, text in sorted(sample.labels.items())
+            ]
+        )
+        return f"{self.sample_names[sample.name]}{{{labels}}} {value}\n"
 
     def _by_the_library(self, family: Metric) -> str:
         if self.openmetrics:

@@ -61,3 +61,21 @@ def test_a_compact_render_leaves_the_held_full_families_whole() -> None:
     assert limit in page(full)
     assert limit not in page(compact)  # a healthy GPU's detail
     assert limit in page(full)
+
+
+def test_a_family_rebuilt_for_one_moved_series_shows_it_and_keeps_the_others() -> None:
+    def two(first: float, second: float) -> Snapshot:
+        boards = tuple(
+            GpuSample(index=i, up=True, uuid=f"GPU-{i}", name="H100", power_watts=watts)
+            for i, watts in enumerate((first, second))
+        )
+        return Snapshot(time=10.0, gpus=boards)
+
+    for openmetrics_format in (False, True):
+        page(two(300.0, 0.0), openmetrics_format)
+        moved = page(two(310.0, -0.0), openmetrics_format)
+        power = [line for line in moved.splitlines() if line.startswith("gpuwatchd_gpu_power_")]
+        assert power == [
+            'gpuwatchd_gpu_power_watts{gpu="0",model="H100",uuid="GPU-0"} 310.0',
+            'gpuwatchd_gpu_power_watts{gpu="1",model="H100",uuid="GPU-1"} -0.0',
+        ]

@@ -407,9 +407,17 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
 LinkKey = tuple[
     int, int, bool | None, tuple[tuple[str, int], ...], tuple[tuple[str, float | str], ...]
 ]
+# What a node's links show: each GPU's labels and its links' readings.
+LinksKey = tuple[tuple[tuple[str, ...], tuple[LinkKey, ...]], ...]
 # A node's per-link series are most of its page, and a link's counters stand
-# still until it errs: they are encoded again only when a link's reading changes.
-_HELD_LINKS: Held[tuple[frozenset[str] | None, tuple[LinkKey, ...]]] = Held()
+# still until it errs: they (and the GPUs' link totals) are encoded again only
+# when a link's reading changes.
+_HELD_LINKS: Held[tuple[frozenset[str] | None, LinksKey]] = Held()
+_HELD_LINK_TOTALS: Held[LinksKey] = Held()
+
+
+def _links_key(gpus: Sequence[GpuSample]) -> LinksKey:
+    return tuple((_gpu_labels(gpu), tuple(_link_key(link) for link in gpu.nvlinks)) for gpu in gpus)
 
 
 def _link_key(link: LinkSample) -> LinkKey:
@@ -418,14 +426,15 @@ def _link_key(link: LinkSample) -> LinkKey:
     return (link.gpu, link.link, link.up, tuple(link.errors.items()), ber)
 
 
-def _held_link_families(
+def _held_links(
     gpus: Sequence[GpuSample], export: ExportConfig, flagged: frozenset[str]
-) -> tuple[Metric, ...]:
-    key = (
-        flagged if export.compact else None,
-        tuple(_link_key(link) for gpu in gpus for link in gpu.nvlinks),
+) -> Iterator[Metric]:
+    links = _links_key(gpus)
+    yield from _HELD_LINK_TOTALS(links, lambda: _link_totals(gpus))
+    compact = flagged if export.compact else None
+    yield from _HELD_LINKS(
+        (compact, links), lambda: compacted(_link_families(gpus), export, flagged, link_subject)
     )
-    return _HELD_LINKS(key, lambda: compacted(_link_families(gpus), export, flagged, link_subject))
 
 
 def _link_totals(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
@@ -466,8 +475,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     yield from compacted(
         _gpu_families(answering), export, flagged, gpu_subject, COMPACT_GPU_FAMILIES
     )
-    yield from _link_totals(answering)
-    yield from _held_link_families(answering, export, flagged)
+    yield from _held_links(answering, export, flagged)
     # A lost GPU's XIDs (79 among them) still count; everything else about it is unknown.
     gpus = snapshot.gpus
     yield _by_label(

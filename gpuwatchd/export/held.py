@@ -21,6 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from gpuwatchd.encoding import HeldFamily
 
 Key = TypeVar("Key", bound=Hashable)
+Series = Sequence[tuple[tuple[str, ...], float]]  # label values, value
+SeriesKey = tuple[tuple[tuple[str, ...], float | str], ...]
 
 
 def exact(value: float) -> float | str:
@@ -46,17 +48,27 @@ class Held(Generic[Key]):
         return families
 
 
-Series = Sequence[tuple[tuple[str, ...], float]]  # label values, value
-SeriesKey = tuple[tuple[tuple[str, ...], float | str], ...]
+class _HeldSeries(Held[SeriesKey]):
+    def family(self, key: SeriesKey, build: Callable[[], Metric]) -> HeldFamily:
+        """One family whose samples are made of `key`'s series, one a sample:
+        rebuilt, it re-uses the lines of the series that did not change."""
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1][0]
+        previous = last[1][0] if last is not None and len(last[1]) == 1 else None
+        family = HeldFamily(build(), key, previous)
+        self._last = (key, (family,))
+        return family
+
+
 # A family name is one family of the page: each is held on its own.
-_BY_NAME: defaultdict[str, Held[SeriesKey]] = defaultdict(Held)
+_BY_NAME: defaultdict[str, _HeldSeries] = defaultdict(_HeldSeries)
 
 
 def held_series(family: GaugeMetricFamily | CounterMetricFamily, series: Series) -> Metric:
     """`family` (empty) with `series`, or the family of its name held with equal series."""
     key = tuple((labels, exact(value)) for labels, value in series)
-    (held,) = _BY_NAME[family.name](key, lambda: (_filled(family, series),))
-    return held
+    return _BY_NAME[family.name].family(key, lambda: _filled(family, series))
 
 
 def _filled(family: GaugeMetricFamily | CounterMetricFamily, series: Series) -> Metric:
