@@ -6,8 +6,10 @@ prometheus_client escapes and validates every metric name, label name and
 label value again for every sample; on a node's page most of them repeat
 (the same dozen label names, a GPU's index and UUID on each of its series),
 so this encoder calls the very same escaping functions once per distinct
-string in a render and keeps the answers. Everything else is the library's
-line format. A family outside what it handles (a type other than gauge,
+string and keeps the answers from one render to the next (they depend on the
+string alone). A HeldFamily keeps its own lines, so that a family that did
+not change between polls is not encoded again. Everything else is the
+library's line format. A family outside what it handles (a type other than gauge,
 counter and info, or a sample with a timestamp, an exemplar, a native
 histogram or an OpenMetrics-only `_created` series) is encoded by
 prometheus_client itself. tests/test_encoding.py holds the two equal on real
