@@ -224,6 +224,32 @@ def test_saved_samples_come_back_as_readings_equal_to_what_was_read(store: Store
     assert store.samples.readings(T0 + 7200, max_age=3600) == ()
 
 
+def test_each_poll_saves_its_own_links_and_subjects_when_the_last_polls_are_reused(
+    store: Store,
+) -> None:
+    # The sources and policy hand over the last poll's objects where nothing
+    # changed; the store writes those without encoding them again, and what
+    # changed as it is now.
+    links = (link(0, 0, crc_flit=5), link(0, 1))
+    first = gpu(0, temperature_gpu_celsius=60.0, nvlinks=links)
+    poll(store, [], T0, (Reading("nvml", T0, gpus=(first,)),))
+    again = gpu(0, temperature_gpu_celsius=61.0, nvlinks=links)
+    poll(store, [], T0 + 10, (Reading("nvml", T0 + 10, gpus=(again,)),))
+    assert store.samples.gpu("GPU-0000") == (T0 + 10, again)
+    moved = gpu(0, temperature_gpu_celsius=61.0, nvlinks=(link(0, 0, crc_flit=6), link(0, 1)))
+    state = poll(
+        store, [remap_failure("gpu:0")], T0 + 20, (Reading("nvml", T0 + 20, gpus=(moved,)),)
+    )
+    assert store.samples.gpu("GPU-0000") == (T0 + 20, moved)
+    assert store.load_state().subjects == state.subjects
+    tracked = store.load_state().subject("gpu:0")
+    assert tracked is not None and tracked.findings
+    # The same subjects once more (a quiet poll keeps them), then cleared.
+    poll(store, [remap_failure("gpu:0")], T0 + 30)
+    state = poll(store, [], T0 + 40)
+    assert store.load_state().subjects == state.subjects
+
+
 def test_rates_are_right_across_a_restart(state_dir: str) -> None:
     before = gpu(
         0,

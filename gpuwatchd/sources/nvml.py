@@ -102,7 +102,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import pynvml
 
@@ -494,15 +494,22 @@ _RETIREMENT_CAUSES = {
     "multiple_single_bit": pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
     "double_bit": pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
 }
-_FIELD_VALUE_READERS: Mapping[int, Callable[[Any], float | int]] = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: lambda value: float(value.dVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda value: int(value.uiVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda value: int(value.ulVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: lambda value: int(value.ullVal),
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda value: int(value.sllVal),
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda value: int(value.siVal),
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: lambda value: int(value.usVal),
+# A field value's valueType -> the member of its value union that holds it
+# (ctypes gives a double as a float, the others as ints).
+_FIELD_VALUE_MEMBERS: Mapping[int, str] = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
+# How a member of an nvidia-ml-py struct is read past the binding's own
+# __getattribute__, which is Python (a poll reads hundreds of field values)
+# and only turns bytes into str: the field value's members are numbers and
+# a union, for which it returns what this returns.
+_struct_member: Callable[[Any, str], Any] = object.__getattribute__
 
 
 @dataclass(frozen=True)
@@ -717,19 +724,19 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-@dataclass(frozen=True)
-class _FieldRequest:
+class _FieldRequest(NamedTuple):
     """One field value wanted in this poll's batch, where its value goes, and
-    what reads it instead when the field gives none."""
+    what reads it instead when the field gives none. A tuple: a poll makes
+    hundreds, and a frozen dataclass costs several times as much to make."""
 
     subject: str
     field_name: str
+    field_id: int
     scope: int
     target: dict[Any, Any]
     key: Any
     convert: Callable[[float | int], float | int]
-    field_id: int | None = None  # set where the id is ours, not the binding's
-    otherwise: Callable[[], None] | None = None
+    otherwise: Callable[[], None] | None
 
 
 @dataclass
@@ -946,12 +953,14 @@ class _GpuRead:
         if self.refused(subject, field_name):
             self._later(otherwise)
             return
-        if field_id is None and _binding(field_name) is None:
+        if field_id is None:
+            field_id = _binding(field_name)
+        if field_id is None:
             self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
             self._later(otherwise)
             return
         self._requests.append(
-            _FieldRequest(subject, field_name, scope, target, key, convert, field_id, otherwise)
+            _FieldRequest(subject, field_name, field_id, scope, target, key, convert, otherwise)
         )
 
     def _later(self, instead: Callable[[], None] | None) -> None:
@@ -969,22 +978,21 @@ class _GpuRead:
             read()
 
     def _fetch(self, requests: list[_FieldRequest]) -> None:
-        ids = [
-            (_binding(r.field_name) if r.field_id is None else r.field_id, r.scope)
-            for r in requests
-        ]
+        ids = [(r.field_id, r.scope) for r in requests]
         # The batch answers SUCCESS whatever each field says (nvml.h): only a
         # field's own answer shows that the GPU answers.
         answered = self.answered
         values = self.call("field values", "nvmlDeviceGetFieldValues", ids)
         self.answered = answered
-        for request, (field_id, _), value in zip(requests, ids, values or (), strict=False):
-            if value.nvmlReturn != _SUCCESS:
-                self._refused_field(request, field_id, value.nvmlReturn)
+        for request, value in zip(requests, values or (), strict=False):
+            code = _struct_member(value, "nvmlReturn")
+            if code != _SUCCESS:
+                self._refused_field(request, code)
                 continue
-            reader = _FIELD_VALUE_READERS.get(value.valueType)
-            if reader is not None:
-                request.target[request.key] = request.convert(reader(value.value))
+            member = _FIELD_VALUE_MEMBERS.get(_struct_member(value, "valueType"))
+            if member is not None:
+                number = getattr(_struct_member(value, "value"), member)
+                request.target[request.key] = request.convert(number)
                 self._answered(request.subject, request.field_name)
         self._instead.extend(
             request.otherwise
@@ -996,11 +1004,11 @@ class _GpuRead:
         """A value that answered but is not what it is read as (see _Availability.distrust)."""
         self._availability.distrust(self.index, subject, source, why, then)
 
-    def _refused_field(self, request: _FieldRequest, field_id: int, code: int) -> None:
+    def _refused_field(self, request: _FieldRequest, code: int) -> None:
         """A field's own refusal. INVALID_ARGUMENT for an id past what the
         driver's NVML defines is the library saying it has no such field:
         remembered for the process, since the loaded driver does not change."""
-        limit = self._field_id_limit
+        limit, field_id = self._field_id_limit, request.field_id
         if code == _INVALID_ARGUMENT and limit is not None and field_id >= limit:
             then = f"not asked again: field {field_id} is past the {limit - 1} this driver defines"
             self._availability.note(

@@ -5,9 +5,29 @@ operator changed them since it read them (store.StateConflict)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Sequence
 
 from gpuwatchd.model import Quarantine
-from gpuwatchd.policy import PolicyState, decode_subjects, encode_subjects
+from gpuwatchd.policy import PolicyState, SubjectState, decode_subjects, encode_subjects
+
+
+class SubjectsText:
+    """`encode_subjects`, remembering its last answer: policy keeps a quiet
+    subject's state object from poll to poll, so most polls hand over the
+    very objects of the last one, whose text is then not made again. Keyed
+    by the objects themselves (frozen, and held here, so never another's)."""
+
+    def __init__(self) -> None:
+        self._subjects: Sequence[SubjectState] = ()
+        self._text = encode_subjects(())
+
+    def __call__(self, subjects: Sequence[SubjectState]) -> str:
+        same = len(subjects) == len(self._subjects) and all(
+            a is b for a, b in zip(subjects, self._subjects, strict=True)
+        )
+        if not same:
+            self._subjects, self._text = subjects, encode_subjects(subjects)
+        return self._text
 
 
 def load(db: sqlite3.Connection) -> PolicyState:
@@ -58,8 +78,14 @@ def quarantines(db: sqlite3.Connection) -> tuple[Quarantine, ...]:
     )
 
 
-def write(db: sqlite3.Connection, state: PolicyState) -> bool:
-    """Write what differs from the database; True when anything did."""
+def write(
+    db: sqlite3.Connection,
+    state: PolicyState,
+    encode: Callable[[Sequence[SubjectState]], str] = encode_subjects,
+) -> bool:
+    """Write what differs from the database; True when anything did.
+    `encode`: how the subjects become text (a SubjectsText where one writer
+    writes poll after poll)."""
     before = set(quarantines(db))
     after = set(state.quarantines)
     for gone in before - after:
@@ -83,7 +109,7 @@ def write(db: sqlite3.Connection, state: PolicyState) -> bool:
                 new.pci_bus_id,
             ),
         )
-    subjects = encode_subjects(state.subjects)
+    subjects = encode(state.subjects)
     stored = db.execute("SELECT subjects FROM policy_state").fetchone()[0]
     if subjects != stored:
         db.execute("UPDATE policy_state SET subjects = ?", (subjects,))

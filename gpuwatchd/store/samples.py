@@ -92,13 +92,55 @@ class LastSamples:
         return tuple(at[index] for index in sorted(at))
 
 
-def record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
+class SampleTexts:
+    """How samples become the JSON kept of them, remembering each GPU's
+    links as last written (by UUID): the NVML source hands over the last
+    poll's tuple of links where none changed (most polls), and the links are
+    most of a GPU's text. Keyed by the tuple itself (frozen, and held here,
+    so never another's)."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, tuple[tuple[LinkSample, ...], str]] = {}
+
+    def gpu(self, sample: GpuSample, uuid: str) -> str:
+        """A GpuSample as JSON: mappings with tuple or int keys become lists;
+        the links and the XID counts (the last fields) after the others, the
+        links' text as remembered."""
+        data = {name: getattr(sample, name) for name in _GPU_FIELDS_BEFORE_LINKS}
+        data["throttle_seconds"] = dict(sample.throttle_seconds)
+        data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
+        data["retired_pages"] = dict(sample.retired_pages)
+        head = json.dumps(data)[:-1]
+        links = self._links_text(uuid, sample.nvlinks)
+        xid_counts = json.dumps([[code, n] for code, n in sample.xid_counts.items()])
+        return f'{head}, "nvlinks": {links}, "xid_counts": {xid_counts}}}'
+
+    def _links_text(self, uuid: str, links: tuple[LinkSample, ...]) -> str:
+        last = self._links.get(uuid)
+        if last is not None and last[0] is links:
+            return last[1]
+        text = json.dumps(
+            [
+                {
+                    "link": link.link,
+                    "up": link.up,
+                    "errors": dict(link.errors),
+                    "ber": dict(link.ber),
+                }
+                for link in links
+            ]
+        )
+        self._links[uuid] = (links, text)
+        return text
+
+
+def record_samples(db: sqlite3.Connection, readings: Iterable[Reading], texts: SampleTexts) -> None:
     readings = tuple(readings)
     # One statement for all rows of a kind: sqlite prepares it once.
     db.executemany(
         "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
         [
-            (gpu.uuid, reading.time, json.dumps(_encode_gpu(gpu)))
+            (gpu.uuid, reading.time, texts.gpu(gpu, gpu.uuid))
             for reading in readings
             for gpu in reading.gpus or ()
             if gpu.uuid
@@ -124,18 +166,12 @@ def record_samples(db: sqlite3.Connection, readings: Iterable[Reading]) -> None:
     )
 
 
-def _encode_gpu(sample: GpuSample) -> dict[str, Any]:
-    """A GpuSample as JSON: mappings with tuple or int keys become lists."""
-    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(GpuSample)}
-    data["throttle_seconds"] = dict(sample.throttle_seconds)
-    data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
-    data["retired_pages"] = dict(sample.retired_pages)
-    data["nvlinks"] = [
-        {"link": link.link, "up": link.up, "errors": dict(link.errors), "ber": dict(link.ber)}
-        for link in sample.nvlinks
-    ]
-    data["xid_counts"] = [[code, n] for code, n in sample.xid_counts.items()]
-    return data
+# Field names in their order, found once: dataclasses.fields() costs as
+# much as encoding a small sample.
+_GPU_FIELDS = tuple(f.name for f in fields(GpuSample))
+_PORT_FIELDS = tuple(f.name for f in fields(PortSample))
+_PCIE_FIELDS = tuple(f.name for f in fields(PcieFunctionSample))
+_GPU_FIELDS_BEFORE_LINKS = tuple(f for f in _GPU_FIELDS if f not in ("nvlinks", "xid_counts"))
 
 
 def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
@@ -157,14 +193,14 @@ def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
 
 
 def _encode_port(sample: PortSample) -> dict[str, Any]:
-    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PortSample)}
+    data: dict[str, Any] = {name: getattr(sample, name) for name in _PORT_FIELDS}
     data["counters"] = dict(sample.counters)
     data["hw_counters"] = dict(sample.hw_counters)
     return data
 
 
 def _encode_pcie(sample: PcieFunctionSample) -> dict[str, Any]:
-    data: dict[str, Any] = {f.name: getattr(sample, f.name) for f in fields(PcieFunctionSample)}
+    data: dict[str, Any] = {name: getattr(sample, name) for name in _PCIE_FIELDS}
     data["aer_errors"] = dict(sample.aer_errors)
     data["aer_causes"] = dict(sample.aer_causes)
     return data

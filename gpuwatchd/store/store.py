@@ -42,7 +42,7 @@ from gpuwatchd.store.journal import (
     journal_poll,
 )
 from gpuwatchd.store.outbox import Outbox, OutboxEvent, enqueue
-from gpuwatchd.store.samples import LastSamples, record_samples
+from gpuwatchd.store.samples import LastSamples, SampleTexts, record_samples
 
 # The events of a manual decision, made once the store has decided it.
 EventsOf = Callable[[Decision], Sequence[OutboxEvent]]
@@ -85,6 +85,9 @@ class Store:
         self.canary = CanaryMismatches(database)
         self.dcgm = DcgmRuns(database)
         self.samples = LastSamples(database)
+        # What the last poll wrote, by the objects it was made of.
+        self._subjects_text = policy_state.SubjectsText()
+        self._sample_texts = SampleTexts()
 
     @classmethod
     def open(
@@ -155,13 +158,13 @@ class Store:
                 raise StateConflict(
                     f"state revision {revision} in the database, {result.state.revision} evaluated"
                 )
-            changed = policy_state.write(db, result.state)
+            changed = policy_state.write(db, result.state, self._subjects_text)
             for poll in (*earlier, UnsavedPoll(result, now, boot_id, readings, tuple(events))):
                 journal_poll(db, poll.result, poll.now)
                 if poll.boot_id is not None:
                     record_xids(db, poll.boot_id, poll.readings, poll.now)
                 enqueue(db, poll.events)
-            record_samples(db, readings)
+            record_samples(db, readings, self._sample_texts)
             if wall is not None:
                 policy_state.set_last_poll(db, wall)
             if changed:
