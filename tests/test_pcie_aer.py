@@ -4,10 +4,13 @@ aer.c's format, the aer check's grading, and the exported counters."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from gpu_history import POLL, T0, gpu
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuwatchd.checks import aer
 from gpuwatchd.checks.aer import AerConfig
@@ -16,7 +19,7 @@ from gpuwatchd.history import History
 from gpuwatchd.model import PcieFunctionSample, PortSample, Reading, Severity, canonical_address
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.sources import PcieSourceConfig
-from gpuwatchd.sources.pcie import PcieSource, parse_aer
+from gpuwatchd.sources.pcie import PcieSource, _aer_lines, parse_aer
 
 GPU_ADDRESS = "0000:18:00.0"
 HCA_ADDRESS = "0000:c0:00.0"
@@ -103,6 +106,78 @@ def test_a_file_without_its_total_line_is_refused() -> None:
         parse_aer("RxErr 1\nBadTLP 0\n", "TOTAL_ERR_COR")
     with pytest.raises(ValueError, match="not a 'NAME count' line"):
         parse_aer("RxErr 1 2\nTOTAL_ERR_COR 1\n", "TOTAL_ERR_COR")
+
+
+# aer.c's names and others; lines it never writes (its bit-numbered name for a
+# reserved bit, a name past 41 characters, other separators, counts of 20
+# digits and past a u64, digits of another script).
+AER_NAMES = st.one_of(
+    st.sampled_from(["RxErr", "BadTLP", "TOTAL_ERR_COR"]),
+    st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,40}", fullmatch=True),
+)
+AER_COUNTS = st.one_of(st.integers(0, 1000), st.integers(0, 10**19 - 1)).map(str)
+ODD_AER_LINES = st.one_of(
+    st.sampled_from(["dev_cor_errs_bit[5] 1", "E" * 42 + " 1", "RxErr  1", "RxErr\t1"]),
+    st.sampled_from([2**64 - 1, 2**64, "0" * 20, "0" * 21, -1, "\u0661"]).map(
+        lambda count: f"RxErr {count}"
+    ),
+    st.text(),
+)
+
+
+@st.composite
+def aer_texts(draw: st.DrawFn) -> str:
+    """Mostly aer.c's format, a name and a count a line with the total among
+    them; at times without the total, or with a line it does not write."""
+    lines = [f"{name} {draw(AER_COUNTS)}" for name in draw(st.lists(AER_NAMES, max_size=70))]
+    if draw(st.booleans()):
+        where = draw(st.integers(0, len(lines)))
+        lines.insert(where, f"TOTAL_ERR_COR {draw(AER_COUNTS)}")
+    if draw(st.integers(0, 3)) == 0:
+        lines.insert(draw(st.integers(0, len(lines))), draw(ODD_AER_LINES))
+    return draw(st.sampled_from(["\n", "\r\n", "\x0b"])).join(lines)
+
+
+def _outcome(parse: Callable[[str, str], tuple[int, dict[str, int]]], text: str) -> object:
+    try:
+        return parse(text, "TOTAL_ERR_COR")
+    except ValueError as error:
+        return f"refused: {error}"
+
+
+@settings(max_examples=400, deadline=None)
+@given(aer_texts())
+def test_any_aer_text_reads_as_it_does_line_by_line(text: str) -> None:
+    """parse_aer takes a file in aer.c's exact format in one regex pass:
+    whatever the text, the totals, causes and refusals are those of the
+    line-by-line parser."""
+    assert _outcome(parse_aer, text) == _outcome(_aer_lines, text)
+
+
+@pytest.mark.parametrize(
+    ("text", "outcome"),
+    [
+        (f"TOTAL_ERR_COR {2**64 - 1}", (2**64 - 1, {})),
+        ("RxErr 00000000000000000005\nTOTAL_ERR_COR 5", (5, {"RxErr": 5})),
+        ("TOTAL_ERR_COR 00000000000000000005", (5, {})),
+        (f"TOTAL_ERR_COR {2**64}", "refused: not a u64"),
+        (f"RxErr {2**64}\nTOTAL_ERR_COR 5", "refused: not a u64"),
+    ],
+)
+def test_a_count_at_the_edge_of_a_u64_reads_as_it_does_line_by_line(
+    text: str, outcome: object
+) -> None:
+    """Counts of 20 digits, which the one-pass format leaves to the line
+    parser, on the last line and before it."""
+    got = _outcome(parse_aer, text)
+    assert got == _outcome(_aer_lines, text)
+    assert got == outcome if isinstance(outcome, tuple) else str(got).startswith(str(outcome))
+
+
+def test_an_aer_file_of_more_lines_than_aer_c_writes_is_refused() -> None:
+    text = aer_file("TOTAL_ERR_COR", **{f"Err{bit}": bit for bit in range(64)})
+    with pytest.raises(ValueError, match="65 lines"):
+        parse_aer(text.strip(), "TOTAL_ERR_COR")
 
 
 def test_an_aer_file_with_two_total_lines_is_an_absent_severity_not_a_fault(
