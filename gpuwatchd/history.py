@@ -43,11 +43,12 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from functools import reduce
+from math import fsum
 from operator import add
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from gpuwatchd.columns import SampleColumns
-from gpuwatchd.counters import Increase, is_saturated
+from gpuwatchd.counters import Increase, saturation_max
 from gpuwatchd.model import (
     NVML_SOURCE,
     GpuSample,
@@ -172,7 +173,8 @@ class Column(Generic[T]):
         self, value: Callable[[T], Number | None], bits: int | None, lifetime: bool = False
     ) -> None:
         self._value = value
-        self._bits = bits
+        # The value a counter of `bits` stands at once saturated (None: never).
+        self._limit = saturation_max(bits)
         self._lifetime = lifetime
         self.first = self.taken = self.stamp = self.skip = 0
         # Each position's value (absent ones marked) and the running total of
@@ -186,6 +188,8 @@ class Column(Generic[T]):
         # position's increment as a float once there is one.
         self._inexact = _Marks()
         self._steps: array[float] | None = None
+        # The running total at the last position taken.
+        self._total: Number = 0
         # The last present value taken, and the one before it (for drop_last).
         self._last: Number | None = None
         self._before_last: Number | None = None
@@ -197,7 +201,7 @@ class Column(Generic[T]):
         if value is None:
             self._absent.add(seq)
         else:
-            if is_saturated(value, self._bits):
+            if self._limit is not None and value >= self._limit:
                 self._saturated.add(seq)
             if previous is not None:
                 if value >= previous:
@@ -213,9 +217,10 @@ class Column(Generic[T]):
                 self._steps = self._replayed_steps()
         if self._steps is not None:
             self._steps.append(float(step))
-        total = self._whole[-1] if len(self._whole) else 0
+        if whole:
+            self._total += step
         self._values.append(0 if value is None else value)
-        self._whole.append(total + step if whole else total)
+        self._whole.append(self._total)
         self.taken = seq + 1
 
     def _replayed_steps(self) -> array[float]:
@@ -230,6 +235,7 @@ class Column(Generic[T]):
             marks.forget_from(seq)
         self._values.pop()
         self._whole.pop()
+        self._total = self._whole[-1] if len(self._whole) else 0
         if self._steps is not None:
             self._steps.pop()
         if not absent:
@@ -267,7 +273,8 @@ class Column(Generic[T]):
         """`counters.increase` over positions first..last, both included."""
         if last < first:
             return Increase(increase=0.0, seconds=0.0)
-        start, end = self._seq(first), self._seq(last)
+        offset = self.first + self.skip
+        start, end = first + offset, last + offset
         absent = self._absent.count(start, end)
         if absent:
             # Absent values: the increase runs between the present ones.
@@ -277,7 +284,8 @@ class Column(Generic[T]):
             last = next(p for p in range(last, first - 1, -1) if self.present(p, p))
             start, end = self._seq(first), self._seq(last)
         index, final = start - self.first, end - self.first
-        grown = self._whole[final] - self._whole[index]
+        totals = self._whole.items
+        grown = totals[final] - totals[index]
         if self._inexact.count(start + 1, end) or grown >= _EXACT:
             total = reduce(add, self._steps_between(index + 1, final + 1), 0.0)
         else:
@@ -294,6 +302,81 @@ class Column(Generic[T]):
             return self._steps[start:end]
         totals = self._whole.items
         return [totals[i] - totals[i - 1] for i in range(start, end)]
+
+
+class Gauge(Generic[T]):
+    """One gauge of one subject's samples, position by position as the Track
+    holds them: which positions hold a value, and running totals from which
+    a window's sum is a subtraction. The sum is the one `math.fsum` gives:
+    whole values are added up exactly, as integers, and a window holding one
+    that is not whole is summed by fsum itself."""
+
+    def __init__(self, value: Callable[[T], Number | None]) -> None:
+        self._value = value
+        self.first = self.taken = self.stamp = self.skip = 0
+        # Each position's value as fsum takes it (0 where absent), and the
+        # running total of the whole ones up to and including it.
+        self._values = array("d")
+        self._whole = _Numbers()
+        self._present = _Marks()
+        self._inexact = _Marks()
+
+    def take(self, sample: T, seq: int, position: int) -> None:
+        value = self._value(sample)
+        number = 0.0 if value is None else float(value)
+        total = self._whole[-1] if len(self._whole) else 0
+        if value is not None:
+            self._present.add(seq)
+            if number.is_integer():
+                total += int(number)
+            else:
+                self._inexact.add(seq)
+        self._values.append(number)
+        self._whole.append(total)
+        self.taken = seq + 1
+
+    def drop_last(self) -> None:
+        seq = self.taken - 1
+        self._present.forget_from(seq)
+        self._inexact.forget_from(seq)
+        self._values.pop()
+        self._whole.pop()
+        self.taken = seq
+
+    def drop_before(self, seq: int) -> None:
+        count = min(seq, self.taken) - self.first
+        if count <= 0:
+            return
+        self._present.forget_before(seq)
+        self._inexact.forget_before(seq)
+        del self._values[:count]
+        self._whole.drop_first(count)
+        self.first += count
+
+    def _seq(self, position: int) -> int:
+        return self.first + self.skip + position
+
+    def count(self, first: int, last: int) -> int:
+        """How many of positions first..last hold a value."""
+        return self._present.count(self._seq(first), self._seq(last))
+
+    def last_present(self, first: int, last: int) -> int | None:
+        """The last of positions first..last that holds a value, if any."""
+        if not self.count(first, last):
+            return None
+        seqs = self._present.seqs
+        return seqs[bisect_right(seqs, self._seq(last)) - 1] - self._seq(0)
+
+    def total(self, first: int, last: int) -> float:
+        """`math.fsum` of the values at positions first..last."""
+        if last < first:
+            return 0.0
+        start, end = self._seq(first), self._seq(last)
+        index, final = start - self.first, end - self.first
+        if self._inexact.count(start, end):
+            return fsum(self._values[index : final + 1])
+        before = self._whole[index - 1] if index else 0
+        return float(self._whole[final] - before)
 
 
 class Area(Generic[T]):
@@ -475,6 +558,7 @@ class Track(Generic[T]):
         self._columns: dict[Hashable, Column[T]] = {}
         self._changes: dict[Hashable, _Changes[T]] = {}
         self._areas: dict[Hashable, Area[T]] = {}
+        self._gauges: dict[Hashable, Gauge[T]] = {}
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -536,7 +620,13 @@ class Track(Generic[T]):
 
     def between(self, start: float, end: float) -> list[T]:
         """The samples taken in (start, end]."""
-        return self.samples[bisect_right(self.times, start) : bisect_right(self.times, end)]
+        first, last = self.span(start, end)
+        return self.samples[first : last + 1]
+
+    def span(self, start: float, end: float) -> tuple[int, int]:
+        """The positions first..last of the samples taken in (start, end]
+        (last below first when there are none)."""
+        return bisect_right(self.times, start), bisect_right(self.times, end) - 1
 
     def column(
         self,
@@ -552,6 +642,15 @@ class Track(Generic[T]):
             column = self._columns[key] = Column(value, bits, lifetime)
         self._sync(column)
         return column
+
+    def gauge(self, key: Hashable, value: Callable[[T], Number | None]) -> Gauge[T]:
+        """The gauge of `value` over the samples, under `key` (one key, one
+        `value`: the first caller's is kept)."""
+        gauge = self._gauges.get(key)
+        if gauge is None:
+            gauge = self._gauges[key] = Gauge(value)
+        self._sync(gauge)
+        return gauge
 
     def area(self, key: Hashable, value: Callable[[T], Number | None]) -> Area[T]:
         """The area under `value` over the samples, under `key` (one key, one
@@ -578,7 +677,8 @@ class Track(Generic[T]):
         """Bring what was derived from the samples up to date with them: the
         samples that left the track out (in batches), a last one replaced
         since redone, the new ones in."""
-        first, count = self.samples.first, len(self.samples)
+        # The track holds a time for each of its samples.
+        first, count = self.samples.first, len(self.times)
         if count and kept.taken == first + count and kept.stamp == self._stamps[-1]:
             # Up to date: only what left the track since may need dropping.
             if first - kept.first >= _DROP_BATCH:

@@ -5,6 +5,7 @@ and whether it keeps its samples whole or as columns (read back when asked)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -54,6 +55,7 @@ def _feed(track: Track[_Sample], plan: list[tuple[int | float | None, bool, bool
             track.column("value", _value, BITS)
             track.area("value", _value)
             track.last_change("value", _value)
+            track.gauge("value", _value)
 
 
 @settings(derandomize=True, max_examples=300)
@@ -101,6 +103,48 @@ def test_a_long_running_track_gives_what_its_samples_give_after_many_expire(
         assert track.area("value", _value).integral(first, len(track) - 1) == gauge_integral(
             window(points, time, 600)
         )
+        recent = [value for _, value in window(points, time, 600)[1:] if value is not None]
+        gauge = track.gauge("value", _value)
+        assert gauge.total(first + 1, len(track) - 1) == math.fsum(recent)
+        assert gauge.count(first + 1, len(track) - 1) == len(recent)
+
+
+# Whole floats past 2**53 and ints past what a float holds exactly, whose
+# running float sum would round where fsum does not.
+gauge_values = st.one_of(
+    st.none(),
+    st.integers(min_value=-(2**62), max_value=2**62),
+    st.integers(min_value=-(2**60), max_value=2**60).map(float),
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+)
+gauge_steps = st.lists(
+    st.tuples(gauge_values, st.booleans(), st.booleans()), min_size=1, max_size=40
+)
+
+
+@settings(derandomize=True, max_examples=300)
+@given(
+    gauge_steps,
+    st.floats(min_value=-20, max_value=500),
+    st.floats(min_value=0, max_value=200),
+    st.booleans(),
+)
+def test_gauge_gives_the_fsum_count_and_last_value_of_any_window(
+    plan: list[tuple[int | float | None, bool, bool]], end: float, seconds: float, as_columns: bool
+) -> None:
+    track = _track(12, as_columns)
+    _feed(track, plan)
+    first, last = track.span(end - seconds, end)
+    assert track.samples[first : last + 1] == track.between(end - seconds, end)
+    present = [
+        (position, sample.value)
+        for position, sample in enumerate(track.samples)
+        if first <= position <= last and sample.value is not None
+    ]
+    gauge = track.gauge("value", _value)
+    assert gauge.count(first, last) == len(present)
+    assert gauge.total(first, last) == math.fsum(value for _, value in present)
+    assert gauge.last_present(first, last) == (present[-1][0] if present else None)
 
 
 @settings(derandomize=True, max_examples=300)

@@ -40,11 +40,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_labels, gpu_subject, windows
-from gpuwatchd.history import History
+from gpuwatchd.history import History, Track
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     Action,
@@ -164,13 +164,10 @@ class _Clock:
 
 def run(history: History, now: float, config: ClocksConfig) -> CheckOutput:
     spans = windows(now, config.window, config.critical_windows)
-    means = [_window_means(history, start, end, config) for start, end in spans]
-    last_busy = _last_busy_clocks(history, config) if any(map(_has_lone_gpu, means)) else {}
-    judged = [_judge(window, last_busy, config) for window in means]
-    latest_window = judged[0]
+    judged = _Windows(history, config)
     findings: list[Finding] = []
     measurements: list[Measurement] = []
-    for index, clock in sorted(latest_window.items()):
+    for index, clock in sorted(judged.window(*spans[0]).items()):
         sample = history.latest_gpu(index)
         if sample is None:
             continue
@@ -183,10 +180,36 @@ def run(history: History, now: float, config: ClocksConfig) -> CheckOutput:
                 index in window
                 and window[index].drifting(config)
                 and window[index].reference_hertz is not None
-                for window in judged
+                for window in map(judged.window, *zip(*spans, strict=True))
             )
             findings.append(_finding(sample, clock, lasting, config))
     return CheckOutput(findings=tuple(findings), measurements=tuple(measurements))
+
+
+class _Windows:
+    """The GPUs' clocks judged window by window, for one run: each window
+    when first asked for (only a GPU drifting in the latest one needs the
+    earlier ones), and the peers' last busy clocks once a window has a GPU
+    busy alone."""
+
+    def __init__(self, history: History, config: ClocksConfig) -> None:
+        self._history = history
+        self._config = config
+        self._judged: dict[tuple[float, float], dict[int, _Clock]] = {}
+        self._last_busy: dict[int, _Mean] | None = None
+
+    def window(self, start: float, end: float) -> dict[int, _Clock]:
+        judged = self._judged.get((start, end))
+        if judged is None:
+            means = _window_means(self._history, start, end, self._config)
+            last_busy = self._peers_busy() if _has_lone_gpu(means) else {}
+            judged = self._judged[start, end] = _judge(means, last_busy, self._config)
+        return judged
+
+    def _peers_busy(self) -> dict[int, _Mean]:
+        if self._last_busy is None:
+            self._last_busy = _last_busy_clocks(self._history, self._config)
+        return self._last_busy
 
 
 def _allowed_clock(sample: GpuSample) -> tuple[float | None, bool]:
@@ -206,21 +229,25 @@ def _window_means(
 ) -> dict[int, _Mean]:
     means = {}
     for index in history.gpu_indices():
-        mean = _busy_mean(history.gpu_track(index).between(start, end), config)
+        track = history.gpu_track(index)
+        mean = _busy_mean(track, *track.span(start, end), config)
         if mean is not None:
             means[index] = mean
     return means
 
 
-def _busy_mean(samples: list[GpuSample], config: ClocksConfig) -> _Mean | None:
-    """The mean SM clock of the unexplained busy samples among these, if any."""
-    clocks, last = [], None
-    for sample in samples:
-        clock = _unexplained_busy_clock(sample, config)
-        if clock is not None:
-            clocks.append(clock)
-            last = sample
-    return None if last is None else _Mean(statistics.fmean(clocks), last)
+def _busy_mean(
+    track: Track[GpuSample], first: int, last: int, config: ClocksConfig
+) -> _Mean | None:
+    """The mean SM clock of the unexplained busy samples at positions
+    first..last, if any: `statistics.fmean` of their clocks, from the track's
+    running totals."""
+    key = (NAME, "busy clock", config.busy_ratio, config.explaining_mask)
+    clocks = track.gauge(key, partial(_unexplained_busy_clock, config=config))
+    busy = clocks.last_present(first, last)
+    if busy is None:
+        return None
+    return _Mean(clocks.total(first, last) / clocks.count(first, last), track.samples[busy])
 
 
 def _by_model(means: dict[int, _Mean]) -> dict[str | None, list[float]]:
@@ -253,7 +280,7 @@ def _last_busy_clocks(history: History, config: ClocksConfig) -> dict[int, _Mean
         if last < 0:
             continue
         end = track.times[last]
-        mean = _busy_mean(track.between(end - config.window, end), config)
+        mean = _busy_mean(track, *track.span(end - config.window, end), config)
         if mean is not None:
             clocks[index] = mean
     return clocks

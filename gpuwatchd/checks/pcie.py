@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_labels, gpu_subject, windows
@@ -74,10 +75,14 @@ def run(history: History, now: float, config: PcieConfig) -> CheckOutput:
         if latest is None or not latest.up:
             continue
         track = history.gpu_track(index)
-        judged = [_downtrained_window(track, start, end, config) for start, end in spans]
-        if judged[0] is not None:
-            lasting = all(window is not None for window in judged)
-            findings.append(_downtrained(latest, judged[0], lasting, config))
+        downtrained = _downtrained_window(track, *spans[0], config)
+        if downtrained is not None:
+            # Only a link downtrained in the latest window needs the earlier ones.
+            lasting = all(
+                _downtrained_window(track, start, end, config) is not None
+                for start, end in spans[1:]
+            )
+            findings.append(_downtrained(latest, downtrained, lasting, config))
         replays = _replays(track, latest, now, config)
         if replays is not None:
             measurements.append(
@@ -116,14 +121,19 @@ def _downtrained_window(
     """The window's last busy sample when every busy sample whose link is
     known shows it downtrained; None when any shows it at its maximum, or
     when the GPU was never busy with its link known (idle is not judged)."""
-    known = [
-        sample
-        for sample in track.between(start, end)
-        if _busy(sample, config) and _below_max(sample) is not None
-    ]
-    if not known or not all(_below_max(sample) for sample in known):
+    first, last = track.span(start, end)
+    downtrained = track.gauge((NAME, "downtrained", config.busy_ratio), partial(_judged, config))
+    judged = downtrained.last_present(first, last)
+    if judged is None or downtrained.total(first, last) < downtrained.count(first, last):
         return None
-    return known[-1]
+    return track.samples[judged]
+
+
+def _judged(config: PcieConfig, sample: GpuSample) -> int | None:
+    """1 for a busy sample whose link is below its maximum, 0 for one at it;
+    None where the sample is not judged (idle, or its link unknown)."""
+    below = _below_max(sample) if _busy(sample, config) else None
+    return None if below is None else int(below)
 
 
 def _downtrained(

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
+from operator import or_
 
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.common import gpu_labels, gpu_subject
 from gpuwatchd.history import History, Track
 from gpuwatchd.model import (
+    CLOCKS_EVENT_REASONS,
     THROTTLE_REASONS,
     Action,
     Finding,
@@ -37,6 +39,7 @@ NAME = "thermal"
 # fast-trigger power protection as its causes; HwThermalSlowdown (0x40) and
 # HwPowerBrakeSlowdown (0x80) name the first two on their own.
 HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+_HW_SLOWDOWN_BITS = reduce(or_, (CLOCKS_EVENT_REASONS[reason] for reason in HW_SLOWDOWN_REASONS))
 # The driver's cumulative counters of those causes (THROTTLE_REASONS names).
 HW_SLOWDOWN_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
 
@@ -157,9 +160,7 @@ def _hw_slowdown(
     with a HW slowdown bit (fast-trigger protection has no counter), of the
     part of the window `seen`."""
     known = [sample for sample in recent if sample.clocks_event_reasons is not None]
-    slowed = [
-        sample for sample in known if any(sample.reason_active(r) for r in HW_SLOWDOWN_REASONS)
-    ]
+    slowed = [sample for sample in known if (sample.clocks_event_reasons or 0) & _HW_SLOWDOWN_BITS]
     sample_share = len(slowed) / len(known) * seen if known else 0.0
     counted = {r: ratios[r] for r in HW_SLOWDOWN_COUNTERS if ratios.get(r, 0.0) > 0}
     share = max([sample_share, *counted.values()])
