@@ -107,7 +107,10 @@ NODES: tuple[Node, ...] = (
                 {"at": "2s", "kind": "ib_port_down", "hca": "mlx5_1", "port": 1},
                 # One GPU with ECC off: the node's GPUs disagree, and the node
                 # differs from its cluster (the fleet's configuration drift row).
-                {"at": "2s", "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},
+                # Off from the start, as a mode that takes a reboot to change is:
+                # the daemon reads such settings at start and then every
+                # static_refresh (10 min), and the demo runs unscaled.
+                {"at": "0s", "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},
                 {"at": "2s", "kind": "ib_link_flap", "hca": "mlx5_2", "port": 1, "rate": "20/min"},
                 {
                     "at": "2s",
