@@ -57,16 +57,6 @@ _FIELD_NAMES: dict[int, str] = {
     for name in sorted(dir(pynvml), reverse=True)
     if name.startswith("NVML_FI_") and isinstance(getattr(pynvml, name), int)
 }
-_VALUE_MEMBERS = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-}
-if hasattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT"):  # absent before nvidia-ml-py 12.560
-    _VALUE_MEMBERS[pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT] = "usVal"
 
 Answer = dict[str, Any]
 
@@ -150,7 +140,7 @@ class Recorder:
             if code != _SUCCESS:
                 answer = _error_answer(code)
             else:
-                member = _VALUE_MEMBERS.get(int(value.valueType))
+                member = nvml_source.FIELD_VALUE_MEMBERS.get(int(value.valueType))
                 number = getattr(value.value, member) if member else bytes(value.value).hex()
                 answer = {"return": code, "type": int(value.valueType), "value": number}
             _add(self._fields.setdefault((gpu, int(value.fieldId), int(value.scopeId)), []), answer)

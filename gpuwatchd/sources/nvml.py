@@ -496,7 +496,7 @@ _RETIREMENT_CAUSES = {
 }
 # A field value's valueType -> the member of its value union that holds it
 # (ctypes gives a double as a float, the others as ints).
-_FIELD_VALUE_MEMBERS: Mapping[int, str] = {
+FIELD_VALUE_MEMBERS: Mapping[int, str] = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
@@ -989,7 +989,7 @@ class _GpuRead:
             if code != _SUCCESS:
                 self._refused_field(request, code)
                 continue
-            member = _FIELD_VALUE_MEMBERS.get(_struct_member(value, "valueType"))
+            member = FIELD_VALUE_MEMBERS.get(_struct_member(value, "valueType"))
             if member is not None:
                 number = getattr(_struct_member(value, "value"), member)
                 request.target[request.key] = request.convert(number)
