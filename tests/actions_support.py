@@ -130,7 +130,7 @@ def receiver(port: int = 0) -> Iterator[Receiver]:
 
 FAKE_SCONTROL = '''#!{python}
 """A fake scontrol: answers `show node` from {state} and records every call."""
-import json, sys, time
+import json, os, sys, time
 state_path, calls_path = {state!r}, {calls!r}
 with open(state_path) as handle:
     state = json.load(handle)
@@ -168,8 +168,11 @@ if sys.argv[1] == "update":
         state["reason"] = ""
     if "Comment" in fields:
         state["comment"] = fields["Comment"]
-    with open(state_path, "w") as handle:
+    # Written whole, then renamed: the test reads the state while the daemon
+    # runs this, and must never see a half-written file.
+    with open(state_path + ".new", "w") as handle:
         json.dump(state, handle)
+    os.replace(state_path + ".new", state_path)
 '''
 
 
@@ -185,7 +188,9 @@ class FakeScontrol:
         return state
 
     def set(self, **changes: Any) -> None:
-        self.state_path.write_text(json.dumps({**self.state, **changes}))
+        staged = self.state_path.with_name(self.state_path.name + ".set")
+        staged.write_text(json.dumps({**self.state, **changes}))
+        staged.replace(self.state_path)
 
     def calls(self) -> list[list[str]]:
         if not self.calls_path.exists():
