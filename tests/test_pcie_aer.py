@@ -108,16 +108,28 @@ def test_a_file_without_its_total_line_is_refused() -> None:
         parse_aer("RxErr 1 2\nTOTAL_ERR_COR 1\n", "TOTAL_ERR_COR")
 
 
-# aer.c's names and others; lines it never writes (its bit-numbered name for a
-# reserved bit, a name past 41 characters, other separators, counts of 20
-# digits and past a u64, digits of another script).
+# aer.c's names (its bit-numbered name for a bit it leaves unnamed too) and
+# others; lines it never writes (a bit line of another file's array, past bit
+# 31 or with a leading zero, a name past 41 characters, other separators,
+# counts of 20 digits and past a u64, digits of another script).
 AER_NAMES = st.one_of(
-    st.sampled_from(["RxErr", "BadTLP", "TOTAL_ERR_COR"]),
+    st.sampled_from(["RxErr", "BadTLP", "TOTAL_ERR_COR", "dev_cor_errs_bit[5]"]),
+    st.integers(0, 31).map(lambda bit: f"dev_cor_errs_bit[{bit}]"),
     st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,40}", fullmatch=True),
 )
 AER_COUNTS = st.one_of(st.integers(0, 1000), st.integers(0, 10**19 - 1)).map(str)
 ODD_AER_LINES = st.one_of(
-    st.sampled_from(["dev_cor_errs_bit[5] 1", "E" * 42 + " 1", "RxErr  1", "RxErr\t1"]),
+    st.sampled_from(
+        [
+            "dev_fatal_errs_bit[5] 1",
+            "dev_cor_errs_bit[32] 1",
+            "dev_cor_errs_bit[05] 1",
+            "dev_cor_errs_bit[] 1",
+            "E" * 42 + " 1",
+            "RxErr  1",
+            "RxErr\t1",
+        ]
+    ),
     st.sampled_from([2**64 - 1, 2**64, "0" * 20, "0" * 21, -1, "\u0661"]).map(
         lambda count: f"RxErr {count}"
     ),
@@ -172,6 +184,47 @@ def test_a_count_at_the_edge_of_a_u64_reads_as_it_does_line_by_line(
     got = _outcome(parse_aer, text)
     assert got == _outcome(_aer_lines, text)
     assert got == outcome if isinstance(outcome, tuple) else str(got).startswith(str(outcome))
+
+
+# aer_dev_correctable as aer_stats_dev_attr writes it on a kernel whose
+# string table leaves bit 5 unnamed (aer_correctable_error_string: RxErr at
+# bit 0, BadTLP at 6), after 3 errors there: `#stats_array "_bit[%d] %llu\n"`.
+CORRECTABLE_WITH_AN_UNNAMED_BIT = (
+    "RxErr 2\n"
+    "dev_cor_errs_bit[5] 3\n"
+    "BadTLP 0\n"
+    "BadDLLP 1\n"
+    "Rollover 0\n"
+    "Timeout 0\n"
+    "NonFatalErr 0\n"
+    "CorrIntErr 0\n"
+    "HeaderOF 0\n"
+    "TOTAL_ERR_COR 6\n"
+)
+
+
+def test_errors_of_a_bit_aer_c_does_not_name_are_counted_under_that_bit(
+    tmp_path: Path,
+) -> None:
+    root = node_tree(tmp_path, aer_dev_correctable=CORRECTABLE_WITH_AN_UNNAMED_BIT)
+    function = (poll(root).pcie_functions or ())[0]
+    assert function.aer_errors["correctable"] == 6
+    assert {key: n for key, n in function.aer_causes.items() if key.startswith("correctable:")} == {
+        "correctable:RxErr": 2,
+        "correctable:dev_cor_errs_bit[5]": 3,
+        "correctable:BadDLLP": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["dev_fatal_errs_bit[5] 3", "dev_cor_errs_bit[32] 3", "dev_cor_errs_bit[05] 3"],
+)
+def test_a_bit_line_aer_c_cannot_write_in_that_file_is_refused(line: str) -> None:
+    """Another file's array, a bit past the 32 of the status register, a
+    number as %d never prints it."""
+    with pytest.raises(ValueError, match="not a 'NAME count' line"):
+        parse_aer(f"RxErr 0\n{line}\nTOTAL_ERR_COR 3\n", "TOTAL_ERR_COR")
 
 
 def test_an_aer_file_of_more_lines_than_aer_c_writes_is_refused() -> None:

@@ -8,8 +8,10 @@ class 0x0680, and are left out) and the PCIe function behind each
 `current_link_width`.
 
 The AER files are what drivers/pci/pcie/aer.c writes (`aer_stats_attrs`,
-since Linux 4.19): one `NAME count` line per error bit the kernel names, then
-`TOTAL_ERR_COR`, `TOTAL_ERR_NONFATAL` or `TOTAL_ERR_FATAL` and the total. The
+since Linux 4.19): one `NAME count` line per error bit the kernel names, a
+`<array>_bit[N] count` line for a bit it does not name (reserved, or newer than
+the kernel) whose count is not zero, then `TOTAL_ERR_COR`,
+`TOTAL_ERR_NONFATAL` or `TOTAL_ERR_FATAL` and the total. The
 counts are the errors the function reported since boot (the kernel's own
 counters, not the device's), so they survive a daemon restart. A function
 without AER (the files absent: no AER capability, or AER handled by
@@ -53,6 +55,18 @@ MAX_AER_LINES = 64
 _AER_NAME = r"[A-Za-z][A-Za-z0-9_]{0,40}"
 _AER_FILE_RE = re.compile(rf"(?:{_AER_NAME} [0-9]{{1,19}}\n)*{_AER_NAME} [0-9]{{1,19}}")
 _AER_LINE_RE = re.compile(rf"({_AER_NAME}) ([0-9]+)")
+# aer_stats_dev_attr names a bit its string table leaves NULL after the stats
+# array it counts in and the bit (`"%s_bit[%d] %llu"`, e.g.
+# `dev_cor_errs_bit[5] 3`): counted under that name, which says which bit.
+_BIT_NAME_RE = re.compile(r"([a-z_]+)_bit\[(0|[1-9][0-9]?)\]")
+# The stats array of each file, by its total line (aer.c: dev_cor_errs,
+# dev_nonfatal_errs, dev_fatal_errs); the status registers have 32 bits.
+_BIT_ARRAYS = {
+    "TOTAL_ERR_COR": "dev_cor_errs",
+    "TOTAL_ERR_NONFATAL": "dev_nonfatal_errs",
+    "TOTAL_ERR_FATAL": "dev_fatal_errs",
+}
+AER_STATUS_BITS = 32
 
 
 def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
@@ -60,11 +74,13 @@ def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
 
     Raises ValueError when the file is not aer.c's format: a line that is not
     `NAME count`, a count that is not a u64, a name twice (aer.c writes each
-    once: which of two would be the count?), or no total line.
+    once: which of two would be the count?), a bit line of another file's
+    array or past bit 31, or no total line.
     """
     # Three of these a function every poll: the file as the kernel writes it
-    # is taken in two passes of the regex engine; anything else, or a file
-    # that breaks a rule, goes line by line, which says what is wrong.
+    # is taken in two passes of the regex engine; anything else (a bit line
+    # too), or a file that breaks a rule, goes line by line, which says what
+    # is wrong.
     if _AER_FILE_RE.fullmatch(text):
         counts = {name: int(digits) for name, digits in _AER_LINE_RE.findall(text)}
         lines = text.count("\n") + 1
@@ -84,7 +100,7 @@ def _aer_lines(text: str, total_name: str) -> tuple[int, dict[str, int]]:
     seen: set[str] = set()
     for line in lines:
         parts = line.split()
-        if len(parts) != 2 or not _CAUSE_RE.match(parts[0]):
+        if len(parts) != 2 or not _aer_name(parts[0], total_name):
             raise ValueError(f"not a 'NAME count' line: {line[:60]!r}")
         if parts[0] in seen:
             raise ValueError(f"{parts[0]} twice")
@@ -97,6 +113,18 @@ def _aer_lines(text: str, total_name: str) -> tuple[int, dict[str, int]]:
     if total is None:
         raise ValueError(f"no {total_name} line")
     return total, causes
+
+
+def _aer_name(name: str, total_name: str) -> bool:
+    """Whether aer.c writes `name` in the file whose total is `total_name`."""
+    if _CAUSE_RE.match(name):
+        return True
+    bit = _BIT_NAME_RE.fullmatch(name)
+    return (
+        bit is not None
+        and bit.group(1) == _BIT_ARRAYS.get(total_name)
+        and int(bit.group(2)) < AER_STATUS_BITS
+    )
 
 
 def parse_speed(text: str) -> int:
