@@ -252,6 +252,37 @@ def test_a_function_without_aer_has_no_aer_values_and_the_rest_is_read(tmp_path:
     assert function.aer_errors == {} and function.link_width == 16
 
 
+def test_an_unchanged_function_is_the_same_sample_and_a_changed_one_is_read_anew(
+    tmp_path: Path,
+) -> None:
+    root = node_tree(tmp_path)
+    source = PcieSource(PcieSourceConfig(sysfs_root=str(root)))
+    gpu_before, hca_before = source.poll(T0).pcie_functions or ()
+    (root / "bus" / "pci" / "devices" / GPU_ADDRESS / "aer_dev_fatal").write_text(
+        aer_file("TOTAL_ERR_FATAL", DLP=1, SDES=0)
+    )
+    gpu_after, hca_after = source.poll(T0 + POLL).pcie_functions or ()
+    assert hca_after is hca_before
+    assert gpu_after is not gpu_before
+    assert gpu_after.aer_errors == {"correctable": 3, "nonfatal": 3, "fatal": 1}
+    assert gpu_after.aer_causes["fatal:DLP"] == 1
+    assert (source.poll(T0 + 2 * POLL).pcie_functions or ())[0] is gpu_after
+
+
+def test_a_bus_entry_replaced_by_another_function_is_judged_anew(tmp_path: Path) -> None:
+    """Whether an entry is a GPU is read once per entry: a function removed
+    and another added at its address (hot plug) is a new entry."""
+    root = node_tree(tmp_path)
+    source = PcieSource(PcieSourceConfig(sysfs_root=str(root)))
+    assert [f.kind for f in source.poll(T0).pcie_functions or ()] == ["gpu", "hca"]
+    devices = root / "bus" / "pci" / "devices"
+    # Both exist at once while swapped, so the new entry cannot reuse the inode.
+    nic = function_dir(tmp_path / "plugged", GPU_ADDRESS, "0x8086", "0x020000")
+    (devices / GPU_ADDRESS).rename(tmp_path / "unplugged")
+    nic.rename(devices / GPU_ADDRESS)
+    assert [f.address for f in source.poll(T0 + POLL).pcie_functions or ()] == [HCA_ADDRESS]
+
+
 def test_a_node_without_gpus_or_hcas_is_a_reading_with_an_error(tmp_path: Path) -> None:
     reading = poll(tmp_path)
     assert reading.pcie_functions == () and reading.error

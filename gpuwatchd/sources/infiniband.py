@@ -80,10 +80,10 @@ def read_attribute(path: str) -> str:
     Raises OSError; some drivers fail in read() rather than open() (EINVAL,
     EOPNOTSUPP), so both are inside the caller's handler.
     """
-    return _text(_read_bytes(path))
+    return text_of(read_bytes(path))
 
 
-def _read_bytes(path: str, folder: int | None = None) -> bytes:
+def read_bytes(path: str, folder: int | None = None) -> bytes:
     """One attribute's bytes; `path` relative to the open directory `folder`
     when given, which spares the kernel the walk down the whole path."""
     descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
@@ -93,7 +93,7 @@ def _read_bytes(path: str, folder: int | None = None) -> bytes:
         os.close(descriptor)
 
 
-def _text(data: bytes) -> str:
+def text_of(data: bytes) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
@@ -194,7 +194,7 @@ class _Attempt:
                 if skip and f"{directory}/{name}" in skip:
                     continue
                 try:
-                    data = _read_bytes(name, folder)
+                    data = read_bytes(name, folder)
                 except OSError as error:
                     self.fail(f"{directory}/{name}", error)
                     continue
@@ -202,7 +202,7 @@ class _Attempt:
                 if digits.isdigit() and len(digits) < _U64_DIGITS:
                     values[name] = int(digits)  # plainly a u64: no decoding
                     continue
-                value = self._parsed(f"{directory}/{name}", _text(data), parse_counter)
+                value = self._parsed(f"{directory}/{name}", text_of(data), parse_counter)
                 if value is not None:
                     values[name] = value
         finally:
