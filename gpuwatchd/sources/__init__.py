@@ -51,12 +51,12 @@ class InfinibandSourceConfig:
     # kernel log with ACCESS_REG errors when their counters are read).
     exclude_devices: tuple[str, ...] = ()
     # Every poll reads what the infiniband check judges at once: each port's
-    # state and physical state, its IBTA error counters and received packets.
-    # The rest (the data and other packet counters, hw_counters/, rate, link
-    # layer and the device's facts) is read this often, as DCGM's exporter
-    # collects every 30 s (on mlx5 each counter read is a firmware query), and
-    # at once for a port whose state changed, that flapped or whose counters
-    # were reset, and for a device that is new or re-created.
+    # state, physical state and rate, its IBTA error counters and received
+    # packets. The rest (the data and other packet counters, hw_counters/,
+    # link layer and the device's facts) is read this often, as DCGM's
+    # exporter collects every 30 s (on mlx5 each counter read is a firmware
+    # query), and at once for a port whose state or rate changed, that
+    # flapped or whose counters were reset, and for a new or re-created device.
     counter_interval: Seconds = 30.0
 
     def __post_init__(self) -> None:

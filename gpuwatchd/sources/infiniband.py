@@ -2,19 +2,19 @@
 
 Reads, per device, `board_id`, `fw_ver`, `hca_type` and `node_guid`, and per
 port `state`, `phys_state`, `rate`, `link_layer` and every file under
-`counters/` and `hw_counters/`. Not all at every poll: a poll reads each port's
-`state` and `phys_state` and its PROMPT_COUNTERS, what the infiniband check
-judges from poll to poll; the rest is read every `counter_interval` (when the
-device is new or re-created, at once), and the sample keeps the values last
-read meanwhile. A port whose state changed, whose link went down or
-recovered (link_downed, link_error_recovery: it may have retrained at another
-rate) or whose counters went back (a reset) is read whole at once. A port
-whose files say what they said last poll is handed back as the same sample
-object. What a file does not say (missing, empty,
-unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent value,
-logged once per file; it never stops the rest of the port from being read. A
-device that disappears while it is read (hot unplug, driver reload) is left
-out of that poll.
+`counters/` and `hw_counters/`. Not all at every poll: a poll reads each
+port's JUDGED_FILES (`state`, `phys_state`, `rate`) and PROMPT_COUNTERS, what
+the infiniband check judges from poll to poll; the rest is read every
+`counter_interval` (when the device is new or re-created, at once), and the
+sample keeps the values last read meanwhile. A port whose state or rate
+changed, whose link went down or recovered (link_downed, link_error_recovery:
+it may have retrained at another rate) or whose counters went back (a reset)
+is read whole at once. A port whose files say what they said last poll is
+handed back as the same sample object. What a file does not say (missing,
+empty, unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent
+value, logged once per file; it never stops the rest of the port from being
+read. A device that disappears while it is read (hot unplug, driver reload) is
+left out of that poll.
 
 A file whose read fails with EINVAL or EOPNOTSUPP is not read again while its
 device stays: on restricted ConnectX-7 functions (DGX and GB200 systems) every
@@ -233,19 +233,16 @@ class _Attempt:
                 if plain is not None:
                     values[name] = plain
                     continue
-                value = self.parsed_text(f"{directory}/{name}", text_of(data), parse_counter)
+                value = self.parsed(f"{directory}/{name}", text_of(data), parse_counter)
                 if value is not None:
                     values[name] = value
         finally:
             os.close(folder)
         return values
 
-    def parsed(self, path: str, parse: Callable[[str], T]) -> T | None:
-        text = self.text(path)
-        return None if text is None else self.parsed_text(path, text, parse)
-
-    def parsed_text(self, path: str, text: str, parse: Callable[[str], T]) -> T | None:
-        if self._unless_empty(path, text) is None:
+    def parsed(self, path: str, text: str | None, parse: Callable[[str], T]) -> T | None:
+        """`text`, read from `path`, parsed; None (and said) where it is not."""
+        if text is None or self._unless_empty(path, text) is None:
             return None
         try:
             return parse(text)
@@ -451,6 +448,8 @@ class InfinibandSource:
         held = None if whole else self._ports.get((device, number))
         if held is not None:
             sample = _prompt_read(held, directory)
+            if sample is held.sample:
+                return sample
             if sample is not None:
                 self._ports[(device, number)] = replace(held, sample=sample)
                 return sample
@@ -465,9 +464,9 @@ class InfinibandSource:
         """The port's sample from all its files, and the texts of JUDGED_FILES."""
         state_path, physical_path, rate_path = (os.path.join(directory, f) for f in JUDGED_FILES)
         judged = tuple(attempt.text(path) for path in (state_path, physical_path, rate_path))
-        state = _parsed(attempt, state_path, judged[0], parse_state)
-        physical = _parsed(attempt, physical_path, judged[1], parse_state)
-        rate = _parsed(attempt, rate_path, judged[2], parse_rate)
+        state = attempt.parsed(state_path, judged[0], parse_state)
+        physical = attempt.parsed(physical_path, judged[1], parse_state)
+        rate = attempt.parsed(rate_path, judged[2], parse_rate)
         link_layer = attempt.text(os.path.join(directory, "link_layer"))
         counters = attempt.counters(os.path.join(directory, "counters"))
         hw_counters = attempt.counters(os.path.join(directory, "hw_counters"))
@@ -499,10 +498,6 @@ class InfinibandSource:
         # Drivers differ in which files they offer (hfi1 has no hca_type, mlx4
         # no hw_counters): a missing file is information, a broken one a warning.
         log.log(logging.INFO if missing else logging.WARNING, message)
-
-
-def _parsed(attempt: _Attempt, path: str, text: str | None, parse: Callable[[str], T]) -> T | None:
-    return None if text is None else attempt.parsed_text(path, text, parse)
 
 
 def _prompt_read(held: _HeldPort, directory: str) -> PortSample | None:
