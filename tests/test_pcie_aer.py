@@ -108,16 +108,28 @@ def test_a_file_without_its_total_line_is_refused() -> None:
         parse_aer("RxErr 1 2\nTOTAL_ERR_COR 1\n", "TOTAL_ERR_COR")
 
 
-# aer.c's names and others; lines it never writes (its bit-numbered name for a
-# reserved bit, a name past 41 characters, other separators, counts of 20
-# digits and past a u64, digits of another script).
+# aer.c's names (its bit-numbered name for a bit it leaves unnamed too) and
+# others; lines it never writes (a bit line of another file's array, past bit
+# 31 or with a leading zero, a name past 41 characters, other separators,
+# counts of 20 digits and past a u64, digits of another script).
 AER_NAMES = st.one_of(
-    st.sampled_from(["RxErr", "BadTLP", "TOTAL_ERR_COR"]),
+    st.sampled_from(["RxErr", "BadTLP", "TOTAL_ERR_COR", "dev_cor_errs_bit[5]"]),
+    st.integers(0, 31).map(lambda bit: f"dev_cor_errs_bit[{bit}]"),
     st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,40}", fullmatch=True),
 )
 AER_COUNTS = st.one_of(st.integers(0, 1000), st.integers(0, 10**19 - 1)).map(str)
 ODD_AER_LINES = st.one_of(
-    st.sampled_from(["dev_cor_errs_bit[5] 1", "E" * 42 + " 1", "RxErr  1", "RxErr\t1"]),
+    st.sampled_from(
+        [
+            "dev_fatal_errs_bit[5] 1",
+            "dev_cor_errs_bit[32] 1",
+            "dev_cor_errs_bit[05] 1",
+            "dev_cor_errs_bit[] 1",
+            "E" * 42 + " 1",
+            "RxErr  1",
+            "RxErr\t1",
+        ]
+    ),
     st.sampled_from([2**64 - 1, 2**64, "0" * 20, "0" * 21, -1, "\u0661"]).map(
         lambda count: f"RxErr {count}"
     ),
@@ -174,6 +186,47 @@ def test_a_count_at_the_edge_of_a_u64_reads_as_it_does_line_by_line(
     assert got == outcome if isinstance(outcome, tuple) else str(got).startswith(str(outcome))
 
 
+# aer_dev_correctable as aer_stats_dev_attr writes it on a kernel whose
+# string table leaves bit 5 unnamed (aer_correctable_error_string: RxErr at
+# bit 0, BadTLP at 6), after 3 errors there: `#stats_array "_bit[%d] %llu\n"`.
+CORRECTABLE_WITH_AN_UNNAMED_BIT = (
+    "RxErr 2\n"
+    "dev_cor_errs_bit[5] 3\n"
+    "BadTLP 0\n"
+    "BadDLLP 1\n"
+    "Rollover 0\n"
+    "Timeout 0\n"
+    "NonFatalErr 0\n"
+    "CorrIntErr 0\n"
+    "HeaderOF 0\n"
+    "TOTAL_ERR_COR 6\n"
+)
+
+
+def test_errors_of_a_bit_aer_c_does_not_name_are_counted_under_that_bit(
+    tmp_path: Path,
+) -> None:
+    root = node_tree(tmp_path, aer_dev_correctable=CORRECTABLE_WITH_AN_UNNAMED_BIT)
+    function = (poll(root).pcie_functions or ())[0]
+    assert function.aer_errors["correctable"] == 6
+    assert {key: n for key, n in function.aer_causes.items() if key.startswith("correctable:")} == {
+        "correctable:RxErr": 2,
+        "correctable:dev_cor_errs_bit[5]": 3,
+        "correctable:BadDLLP": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["dev_fatal_errs_bit[5] 3", "dev_cor_errs_bit[32] 3", "dev_cor_errs_bit[05] 3"],
+)
+def test_a_bit_line_aer_c_cannot_write_in_that_file_is_refused(line: str) -> None:
+    """Another file's array, a bit past the 32 of the status register, a
+    number as %d never prints it."""
+    with pytest.raises(ValueError, match="not a 'NAME count' line"):
+        parse_aer(f"RxErr 0\n{line}\nTOTAL_ERR_COR 3\n", "TOTAL_ERR_COR")
+
+
 def test_an_aer_file_of_more_lines_than_aer_c_writes_is_refused() -> None:
     text = aer_file("TOTAL_ERR_COR", **{f"Err{bit}": bit for bit in range(64)})
     with pytest.raises(ValueError, match="65 lines"):
@@ -197,6 +250,37 @@ def test_a_function_without_aer_has_no_aer_values_and_the_rest_is_read(tmp_path:
         (root / "bus" / "pci" / "devices" / GPU_ADDRESS / name).unlink()
     function = (poll(root).pcie_functions or ())[0]
     assert function.aer_errors == {} and function.link_width == 16
+
+
+def test_an_unchanged_function_is_the_same_sample_and_a_changed_one_is_read_anew(
+    tmp_path: Path,
+) -> None:
+    root = node_tree(tmp_path)
+    source = PcieSource(PcieSourceConfig(sysfs_root=str(root)))
+    gpu_before, hca_before = source.poll(T0).pcie_functions or ()
+    (root / "bus" / "pci" / "devices" / GPU_ADDRESS / "aer_dev_fatal").write_text(
+        aer_file("TOTAL_ERR_FATAL", DLP=1, SDES=0)
+    )
+    gpu_after, hca_after = source.poll(T0 + POLL).pcie_functions or ()
+    assert hca_after is hca_before
+    assert gpu_after is not gpu_before
+    assert gpu_after.aer_errors == {"correctable": 3, "nonfatal": 3, "fatal": 1}
+    assert gpu_after.aer_causes["fatal:DLP"] == 1
+    assert (source.poll(T0 + 2 * POLL).pcie_functions or ())[0] is gpu_after
+
+
+def test_a_bus_entry_replaced_by_another_function_is_judged_anew(tmp_path: Path) -> None:
+    """Whether an entry is a GPU is read once per entry: a function removed
+    and another added at its address (hot plug) is a new entry."""
+    root = node_tree(tmp_path)
+    source = PcieSource(PcieSourceConfig(sysfs_root=str(root)))
+    assert [f.kind for f in source.poll(T0).pcie_functions or ()] == ["gpu", "hca"]
+    devices = root / "bus" / "pci" / "devices"
+    # Both exist at once while swapped, so the new entry cannot reuse the inode.
+    nic = function_dir(tmp_path / "plugged", GPU_ADDRESS, "0x8086", "0x020000")
+    (devices / GPU_ADDRESS).rename(tmp_path / "unplugged")
+    nic.rename(devices / GPU_ADDRESS)
+    assert [f.address for f in source.poll(T0 + POLL).pcie_functions or ()] == [HCA_ADDRESS]
 
 
 def test_a_node_without_gpus_or_hcas_is_a_reading_with_an_error(tmp_path: Path) -> None:

@@ -50,6 +50,19 @@ class InfinibandSourceConfig:
     # HCAs not to read at all (some restricted ConnectX-7 functions flood the
     # kernel log with ACCESS_REG errors when their counters are read).
     exclude_devices: tuple[str, ...] = ()
+    # Every poll reads what the infiniband check judges at once: each port's
+    # state, physical state and rate, its IBTA error counters and received
+    # packets, and the data counters the dashboards graph. The rest (the other
+    # packet counters, hw_counters/,
+    # link layer and the device's facts) is read this often, as DCGM's
+    # exporter collects every 30 s (on mlx5 each counter read is a firmware
+    # query), and at once for a port whose state or rate changed, that
+    # flapped or whose counters were reset, and for a new or re-created device.
+    counter_interval: Seconds = 30.0
+
+    def __post_init__(self) -> None:
+        if self.counter_interval <= 0:
+            raise ValueError("counter_interval must be more than 0s")
 
 
 @dataclass(frozen=True)

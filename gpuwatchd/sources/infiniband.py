@@ -2,11 +2,20 @@
 
 Reads, per device, `board_id`, `fw_ver`, `hca_type` and `node_guid`, and per
 port `state`, `phys_state`, `rate`, `link_layer` and every file under
-`counters/` and `hw_counters/`. What a file does not say (missing, empty,
-unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent value,
-logged once per file; it never stops the rest of the port from being read. A
-device that disappears while it is read (hot unplug, driver reload) is left
-out of that poll.
+`counters/` and `hw_counters/`. Not all at every poll: a poll reads each
+port's JUDGED_FILES (`state`, `phys_state`, `rate`) and PROMPT_COUNTERS, what
+the infiniband check judges from poll to poll and the dashboards graph; the
+rest is read every
+`counter_interval` (when the device is new or re-created, at once), and the
+sample keeps the values last read meanwhile. A port whose state or rate
+changed, whose link went down or recovered (link_downed, link_error_recovery:
+it may have retrained at another rate) or whose counters went back (a reset)
+is read whole at once. A port whose files say what they said last poll is
+handed back as the same sample object. What a file does not say (missing,
+empty, unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent
+value, logged once per file; it never stops the rest of the port from being
+read. A device that disappears while it is read (hot unplug, driver reload) is
+left out of that poll.
 
 A file whose read fails with EINVAL or EOPNOTSUPP is not read again while its
 device stays: on restricted ConnectX-7 functions (DGX and GB200 systems) every
@@ -32,10 +41,16 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from gpuwatchd.model import BYTES_PER_GIGABIT, InfinibandDevice, PortSample, Reading
+from gpuwatchd.model import (
+    BYTES_PER_GIGABIT,
+    COUNTER_BITS,
+    InfinibandDevice,
+    PortSample,
+    Reading,
+)
 from gpuwatchd.sources import InfinibandSourceConfig
 
 log = logging.getLogger(__name__)
@@ -50,6 +65,26 @@ WORD_COUNTERS = frozenset({"port_rcv_data", "port_xmit_data"})
 BYTES_PER_WORD = 4
 
 DEVICE_FILES = ("board_id", "fw_ver", "hca_type", "node_guid")
+
+# Read at every poll: the counters the infiniband check (checks/infiniband.py)
+# judges from poll to poll. It turns the increases of the IBTA error counters
+# (flaps, symbol and receive errors, transmit waits and discards) and of
+# port_rcv_packets (what receive errors are a share of) into rates over the
+# poll times, and judges every IBTA counter's saturation at the latest poll:
+# a value held from an earlier read would set its increase against the wrong
+# seconds. The data counters too: the dashboards graph their rate() over
+# Grafana's $__rate_interval (about a minute), which a value held for 30 s
+# would make a staircase of. The other packet counters and hw_counters/ are
+# only exported, as counters, whose rates PromQL takes over its own window.
+PROMPT_COUNTERS = frozenset(COUNTER_BITS) | {"port_rcv_packets", *WORD_COUNTERS}
+# Read at every poll too, and compared with the texts the port's last whole
+# read found: the check judges state and rate at every poll (down, rate
+# degraded, the line rate a bit error rate is over); a change in any of them
+# reads the port whole.
+JUDGED_FILES = ("state", "phys_state", "rate")
+# A link that went down or retrained between two polls may have come back at
+# another rate without a state change that the polls saw.
+FLAP_COUNTERS = ("link_downed", "link_error_recovery")
 
 # `4: ACTIVE`, `5: LinkUp`: a number, a colon, a name.
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
@@ -80,10 +115,10 @@ def read_attribute(path: str) -> str:
     Raises OSError; some drivers fail in read() rather than open() (EINVAL,
     EOPNOTSUPP), so both are inside the caller's handler.
     """
-    return _text(_read_bytes(path))
+    return text_of(read_bytes(path))
 
 
-def _read_bytes(path: str, folder: int | None = None) -> bytes:
+def read_bytes(path: str, folder: int | None = None) -> bytes:
     """One attribute's bytes; `path` relative to the open directory `folder`
     when given, which spares the kernel the walk down the whole path."""
     descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
@@ -93,7 +128,7 @@ def _read_bytes(path: str, folder: int | None = None) -> bytes:
         os.close(descriptor)
 
 
-def _text(data: bytes) -> str:
+def text_of(data: bytes) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
@@ -179,9 +214,8 @@ class _Attempt:
     def counters(self, directory: str) -> dict[str, int]:
         """Every counter file of `directory` by name, read and judged as
         `text` and `parse_counter` would, with the files opened relative to
-        the directory and a plain number (ASCII digits, too few to pass
-        U64_MAX) taken without decoding: this loop reads most of the files of
-        a poll."""
+        the directory and a plain number taken without decoding: this loop
+        reads most of the files of a whole read."""
         values: dict[str, int] = {}
         try:
             folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -194,27 +228,24 @@ class _Attempt:
                 if skip and f"{directory}/{name}" in skip:
                     continue
                 try:
-                    data = _read_bytes(name, folder)
+                    data = read_bytes(name, folder)
                 except OSError as error:
                     self.fail(f"{directory}/{name}", error)
                     continue
-                digits = data.strip()
-                if digits.isdigit() and len(digits) < _U64_DIGITS:
-                    values[name] = int(digits)  # plainly a u64: no decoding
+                plain = _plain_u64(data)
+                if plain is not None:
+                    values[name] = plain
                     continue
-                value = self._parsed(f"{directory}/{name}", _text(data), parse_counter)
+                value = self.parsed(f"{directory}/{name}", text_of(data), parse_counter)
                 if value is not None:
                     values[name] = value
         finally:
             os.close(folder)
         return values
 
-    def parsed(self, path: str, parse: Callable[[str], T]) -> T | None:
-        text = self.text(path)
-        return None if text is None else self._parsed(path, text, parse)
-
-    def _parsed(self, path: str, text: str, parse: Callable[[str], T]) -> T | None:
-        if self._unless_empty(path, text) is None:
+    def parsed(self, path: str, text: str | None, parse: Callable[[str], T]) -> T | None:
+        """`text`, read from `path`, parsed; None (and said) where it is not."""
+        if text is None or self._unless_empty(path, text) is None:
             return None
         try:
             return parse(text)
@@ -252,6 +283,25 @@ class _Attempt:
         return {problem.path for problem in self.problems if problem.refused}
 
 
+@dataclass(frozen=True)
+class _HeldDevice:
+    """A device as its last whole read found it: what polls keep until the next."""
+
+    inode: int  # its class/infiniband entry's: a re-created device is a new one
+    read_at: float
+    device: InfinibandDevice
+    ports: tuple[int, ...]  # fixed while the device stays (ib_register_device)
+
+
+@dataclass(frozen=True)
+class _HeldPort:
+    """A port's last sample, and what its last whole read was read with."""
+
+    sample: PortSample
+    judged: tuple[str | None, ...]  # the texts of JUDGED_FILES
+    prompt: tuple[str, ...]  # the PROMPT_COUNTERS its counters/ held as numbers
+
+
 class InfinibandSource:
     """Source over `<sysfs_root>/class/infiniband`, minus `exclude_devices`."""
 
@@ -260,14 +310,18 @@ class InfinibandSource:
     def __init__(self, config: InfinibandSourceConfig) -> None:
         self._class_dir = os.path.join(config.sysfs_root, *CLASS_PATH)
         self._exclude = frozenset(config.exclude_devices)
+        self._interval = config.counter_interval
         self._reported: set[str] = set()
         # Per device: the identity of its directory (st_dev, st_ino) when its
         # files refused, and those files. A new directory is a new device.
         self._refused: dict[str, tuple[tuple[int, int], set[str]]] = {}
+        self._devices: dict[str, _HeldDevice] = {}
+        self._ports: dict[tuple[str, int], _HeldPort] = {}
 
     def poll(self, now: float) -> Reading:
         try:
-            names = sorted(os.listdir(self._class_dir))
+            with os.scandir(self._class_dir) as listing:
+                entries = sorted((entry.name, entry.inode()) for entry in listing)
         except FileNotFoundError:
             return self._nothing(now, f"{self._class_dir} is missing (no RDMA driver loaded)")
         except OSError as error:
@@ -275,18 +329,25 @@ class InfinibandSource:
             return Reading(source=self.name, time=now, error=reason)
         devices: list[InfinibandDevice] = []
         ports: list[PortSample] = []
-        for name in names:
+        for name, inode in entries:
             if name in self._exclude or not self._nameable(name):
                 continue
-            read = self._read_device(name)
+            read = self._read_device(name, inode, now)
             if read is not None:
                 devices.append(read[0])
                 ports.extend(read[1])
+        self._forget_all_but(devices, ports)
         if not devices:
             return self._nothing(now, f"no InfiniBand device under {self._class_dir}")
         return Reading(
             source=self.name, time=now, infiniband_devices=tuple(devices), ports=tuple(ports)
         )
+
+    def _forget_all_but(self, devices: list[InfinibandDevice], ports: list[PortSample]) -> None:
+        names = {device.device for device in devices}
+        self._devices = {name: held for name, held in self._devices.items() if name in names}
+        keys = {(port.device, port.port) for port in ports}
+        self._ports = {key: held for key, held in self._ports.items() if key in keys}
 
     def _nothing(self, now: float, reason: str) -> Reading:
         """A poll that found no device: read (no ports, so expected ports are
@@ -310,21 +371,34 @@ class InfinibandSource:
     def close(self) -> None:
         """Nothing is held open between polls."""
 
-    def _read_device(self, name: str) -> tuple[InfinibandDevice, list[PortSample]] | None:
+    def _held_device(self, name: str, inode: int, now: float) -> _HeldDevice | None:
+        """The device as last read, unless it is to be read whole now."""
+        held = self._devices.get(name)
+        if held is None or held.inode != inode or not 0 <= now - held.read_at < self._interval:
+            return None
+        return held
+
+    def _read_device(
+        self, name: str, inode: int, now: float
+    ) -> tuple[InfinibandDevice, list[PortSample]] | None:
         directory = os.path.join(self._class_dir, name)
         skip = self._refused_files(name, directory)
         attempt = _Attempt(f"ib:{name}", skip=skip)
-        facts = {file: attempt.text(os.path.join(directory, file)) for file in DEVICE_FILES}
+        held = self._held_device(name, inode, now)
         ports_dir = os.path.join(directory, "ports")
+        if held is None:
+            facts = {file: attempt.text(os.path.join(directory, file)) for file in DEVICE_FILES}
+            listed = (port_number(entry) for entry in attempt.listing(ports_dir))
+            numbers = tuple(sorted(number for number in listed if number is not None))
+        else:
+            numbers = held.ports
         ports: list[PortSample] = []
         attempts = [attempt]
         lost_port = False
-        listed = (port_number(entry) for entry in attempt.listing(ports_dir))
-        numbers = sorted(number for number in listed if number is not None)
         for number in numbers:
             port_attempt = _Attempt(f"ib:{name}/{number}", skip=skip)
             port_dir = os.path.join(ports_dir, str(number))
-            port = self._read_port(name, number, port_dir, port_attempt)
+            port = self._port(name, number, port_dir, port_attempt, whole=held is None)
             # Only a read that missed files pays for the check that the port is still there.
             if port_attempt.missed_files and not os.path.isdir(port_dir):
                 lost_port = True
@@ -337,6 +411,8 @@ class InfinibandSource:
         for each in attempts:
             self._report(each)
             self._remember_refused(name, directory, each.refused)
+        if held is not None:
+            return held.device, ports
         device = InfinibandDevice(
             device=name,
             board_id=facts["board_id"],
@@ -344,6 +420,7 @@ class InfinibandSource:
             hca_type=facts["hca_type"],
             node_guid=facts["node_guid"],
         )
+        self._devices[name] = _HeldDevice(inode, now, device, numbers)
         return device, ports
 
     def _refused_files(self, name: str, directory: str) -> frozenset[str]:
@@ -366,16 +443,39 @@ class InfinibandSource:
             return
         self._refused.setdefault(name, (identity, set()))[1].update(paths)
 
-    def _read_port(self, device: str, number: int, directory: str, attempt: _Attempt) -> PortSample:
-        state = attempt.parsed(os.path.join(directory, "state"), parse_state)
-        physical = attempt.parsed(os.path.join(directory, "phys_state"), parse_state)
-        rate = attempt.parsed(os.path.join(directory, "rate"), parse_rate)
+    def _port(
+        self, device: str, number: int, directory: str, attempt: _Attempt, whole: bool
+    ) -> PortSample:
+        """The port read whole, or only its prompt files where its last sample
+        holds the rest and nothing says the rest changed."""
+        held = None if whole else self._ports.get((device, number))
+        if held is not None:
+            sample = _prompt_read(held, directory)
+            if sample is held.sample:
+                return sample
+            if sample is not None:
+                self._ports[(device, number)] = replace(held, sample=sample)
+                return sample
+        sample, judged = self._read_port(device, number, directory, attempt)
+        prompt = tuple(sorted(PROMPT_COUNTERS & sample.counters.keys()))
+        self._ports[(device, number)] = _HeldPort(sample, judged, prompt)
+        return sample
+
+    def _read_port(
+        self, device: str, number: int, directory: str, attempt: _Attempt
+    ) -> tuple[PortSample, tuple[str | None, ...]]:
+        """The port's sample from all its files, and the texts of JUDGED_FILES."""
+        state_path, physical_path, rate_path = (os.path.join(directory, f) for f in JUDGED_FILES)
+        judged = tuple(attempt.text(path) for path in (state_path, physical_path, rate_path))
+        state = attempt.parsed(state_path, judged[0], parse_state)
+        physical = attempt.parsed(physical_path, judged[1], parse_state)
+        rate = attempt.parsed(rate_path, judged[2], parse_rate)
         link_layer = attempt.text(os.path.join(directory, "link_layer"))
         counters = attempt.counters(os.path.join(directory, "counters"))
         hw_counters = attempt.counters(os.path.join(directory, "hw_counters"))
         for name in WORD_COUNTERS & counters.keys():
             counters[name] *= BYTES_PER_WORD
-        return PortSample(
+        sample = PortSample(
             device=device,
             port=number,
             state_id=state[0] if state else None,
@@ -387,6 +487,7 @@ class InfinibandSource:
             counters=counters,
             hw_counters=hw_counters,
         )
+        return sample, judged
 
     def _report(self, attempt: _Attempt) -> None:
         for problem in attempt.problems:
@@ -400,6 +501,51 @@ class InfinibandSource:
         # Drivers differ in which files they offer (hfi1 has no hca_type, mlx4
         # no hw_counters): a missing file is information, a broken one a warning.
         log.log(logging.INFO if missing else logging.WARNING, message)
+
+
+def _prompt_read(held: _HeldPort, directory: str) -> PortSample | None:
+    """The port's sample from its JUDGED_FILES and PROMPT_COUNTERS, the rest
+    as `held` has it; None where the port is to be read whole: a file that
+    does not read as before (a changed state or rate, an error, a counter
+    that is no plain number), a flap, or a counter gone back. The files are
+    opened relative to the port's directory; the held sample itself where
+    nothing changed."""
+    if None in held.judged:
+        return None  # judged by the whole read, which skips refused files
+    try:
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        judged = tuple(text_of(read_bytes(file, folder)) for file in JUDGED_FILES)
+        if judged != held.judged:
+            return None
+        values: dict[str, int] = {}
+        for name in held.prompt:
+            value = _plain_u64(read_bytes(f"counters/{name}", folder))
+            if value is None:
+                return None  # the whole read judges and says what it is
+            values[name] = value * BYTES_PER_WORD if name in WORD_COUNTERS else value
+    except OSError:
+        return None
+    finally:
+        os.close(folder)
+    last = held.sample.counters
+    changed = False
+    for name, value in values.items():
+        if value != last[name]:
+            if value < last[name] or name in FLAP_COUNTERS:
+                return None
+            changed = True
+    return replace(held.sample, counters={**last, **values}) if changed else held.sample
+
+
+def _plain_u64(data: bytes) -> int | None:
+    """A counter file's number where it is plainly a u64 as the kernel prints
+    it (ASCII digits, too few to pass U64_MAX), taken without decoding; None
+    for anything else, which parse_counter judges."""
+    digits = data.strip()
+    return int(digits) if digits.isdigit() and len(digits) < _U64_DIGITS else None
 
 
 def _identity(directory: str) -> tuple[int, int] | None:

@@ -8,8 +8,10 @@ class 0x0680, and are left out) and the PCIe function behind each
 `current_link_width`.
 
 The AER files are what drivers/pci/pcie/aer.c writes (`aer_stats_attrs`,
-since Linux 4.19): one `NAME count` line per error bit the kernel names, then
-`TOTAL_ERR_COR`, `TOTAL_ERR_NONFATAL` or `TOTAL_ERR_FATAL` and the total. The
+since Linux 4.19): one `NAME count` line per error bit the kernel names, a
+`<array>_bit[N] count` line for a bit it does not name (reserved, or newer than
+the kernel) whose count is not zero, then `TOTAL_ERR_COR`,
+`TOTAL_ERR_NONFATAL` or `TOTAL_ERR_FATAL` and the total. The
 counts are the errors the function reported since boot (the kernel's own
 counters, not the device's), so they survive a daemon restart. A function
 without AER (the files absent: no AER capability, or AER handled by
@@ -18,6 +20,11 @@ is an absent severity, said once per file, never a crash and never a zero.
 
 The source knows nothing about health, nor which GPU index an address is:
 the checks map an address to the GPU whose NVML PCI bus id it is.
+
+Unchanged in, unchanged out: whether a `bus/pci/devices` entry is an NVIDIA
+GPU is read once per entry (its inode: a function removed and added again is
+a new entry), and a function whose five files say what they said last poll
+is handed back as the same sample object, an AER file as the same parse.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample, Reading
 from gpuwatchd.sources import PcieSourceConfig
-from gpuwatchd.sources.infiniband import parse_counter, read_attribute
+from gpuwatchd.sources.infiniband import parse_counter, read_attribute, read_bytes, text_of
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,18 @@ MAX_AER_LINES = 64
 _AER_NAME = r"[A-Za-z][A-Za-z0-9_]{0,40}"
 _AER_FILE_RE = re.compile(rf"(?:{_AER_NAME} [0-9]{{1,19}}\n)*{_AER_NAME} [0-9]{{1,19}}")
 _AER_LINE_RE = re.compile(rf"({_AER_NAME}) ([0-9]+)")
+# aer_stats_dev_attr names a bit its string table leaves NULL after the stats
+# array it counts in and the bit (`"%s_bit[%d] %llu"`, e.g.
+# `dev_cor_errs_bit[5] 3`): counted under that name, which says which bit.
+_BIT_NAME_RE = re.compile(r"([a-z_]+)_bit\[(0|[1-9][0-9]?)\]")
+# The stats array of each file, by its total line (aer.c: dev_cor_errs,
+# dev_nonfatal_errs, dev_fatal_errs); the status registers have 32 bits.
+_BIT_ARRAYS = {
+    "TOTAL_ERR_COR": "dev_cor_errs",
+    "TOTAL_ERR_NONFATAL": "dev_nonfatal_errs",
+    "TOTAL_ERR_FATAL": "dev_fatal_errs",
+}
+AER_STATUS_BITS = 32
 
 
 def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
@@ -60,11 +80,13 @@ def parse_aer(text: str, total_name: str) -> tuple[int, dict[str, int]]:
 
     Raises ValueError when the file is not aer.c's format: a line that is not
     `NAME count`, a count that is not a u64, a name twice (aer.c writes each
-    once: which of two would be the count?), or no total line.
+    once: which of two would be the count?), a bit line of another file's
+    array or past bit 31, or no total line.
     """
     # Three of these a function every poll: the file as the kernel writes it
-    # is taken in two passes of the regex engine; anything else, or a file
-    # that breaks a rule, goes line by line, which says what is wrong.
+    # is taken in two passes of the regex engine; anything else (a bit line
+    # too), or a file that breaks a rule, goes line by line, which says what
+    # is wrong.
     if _AER_FILE_RE.fullmatch(text):
         counts = {name: int(digits) for name, digits in _AER_LINE_RE.findall(text)}
         lines = text.count("\n") + 1
@@ -84,7 +106,7 @@ def _aer_lines(text: str, total_name: str) -> tuple[int, dict[str, int]]:
     seen: set[str] = set()
     for line in lines:
         parts = line.split()
-        if len(parts) != 2 or not _CAUSE_RE.match(parts[0]):
+        if len(parts) != 2 or not _aer_name(parts[0], total_name):
             raise ValueError(f"not a 'NAME count' line: {line[:60]!r}")
         if parts[0] in seen:
             raise ValueError(f"{parts[0]} twice")
@@ -97,6 +119,18 @@ def _aer_lines(text: str, total_name: str) -> tuple[int, dict[str, int]]:
     if total is None:
         raise ValueError(f"no {total_name} line")
     return total, causes
+
+
+def _aer_name(name: str, total_name: str) -> bool:
+    """Whether aer.c writes `name` in the file whose total is `total_name`."""
+    if _CAUSE_RE.match(name):
+        return True
+    bit = _BIT_NAME_RE.fullmatch(name)
+    return (
+        bit is not None
+        and bit.group(1) == _BIT_ARRAYS.get(total_name)
+        and int(bit.group(2)) < AER_STATUS_BITS
+    )
 
 
 def parse_speed(text: str) -> int:
@@ -153,6 +187,26 @@ def nvidia_gpus_on_bus(sysfs_root: str) -> tuple[str, ...]:
     )
 
 
+# The files of a function, in the order its sample key holds their bytes.
+AER_FILES = tuple(file for file, _ in AER_SEVERITIES.values())
+LINK_FILES = ("current_link_speed", "current_link_width")
+
+
+@dataclass(frozen=True)
+class _Function:
+    """A function to read: its address, the directory its files are read in,
+    `gpu` or `hca`, and the HCA's InfiniBand device name."""
+
+    address: str
+    directory: str
+    kind: str
+    name: str | None
+
+
+# What a function's files held (None: unreadable), the key of its sample.
+_Contents = tuple[bytes | None, ...]
+
+
 class PcieSource:
     """Source over `<sysfs_root>/bus/pci/devices` (GPUs) and the HCAs' functions."""
 
@@ -162,12 +216,18 @@ class PcieSource:
         self._devices_dir = os.path.join(config.sysfs_root, *DEVICES_PATH)
         self._infiniband_dir = os.path.join(config.sysfs_root, *INFINIBAND_PATH)
         self._reported: set[str] = set()
+        # Per bus entry: its inode and whether it is an NVIDIA GPU. A PCI
+        # function's vendor and class do not change while it exists.
+        self._entries: dict[str, tuple[int, bool]] = {}
+        # Per function: the files' contents of the last poll and its sample.
+        self._samples: dict[_Function, tuple[_Contents, PcieFunctionSample]] = {}
+        # Per AER file: its last bytes and their parse.
+        self._aer: dict[str, tuple[bytes, tuple[int, dict[str, int]]]] = {}
 
     def poll(self, now: float) -> Reading:
-        functions = [
-            self._read(directory, address, kind, name)
-            for address, directory, kind, name in self._functions()
-        ]
+        found = self._functions()
+        functions = [self._sample(function) for function in found]
+        self._forget_all_but(found)
         if not functions:
             reason = f"no GPU or InfiniBand PCIe function under {self._devices_dir}"
             return Reading(source=self.name, time=now, pcie_functions=(), error=reason)
@@ -176,80 +236,159 @@ class PcieSource:
     def close(self) -> None:
         """Nothing is held open between polls."""
 
-    def _functions(self) -> list[tuple[str, str, str, str | None]]:
-        """(address, directory, kind, name) of every function to read, by address."""
-        found: dict[str, tuple[str, str, str, str | None]] = {}
-        for address in self._listing(self._devices_dir):
-            directory = f"{self._devices_dir}/{address}"
-            if _ADDRESS_RE.match(address) and self._is_gpu(directory):
-                found[address] = (address, directory, "gpu", None)
-        for name in self._listing(self._infiniband_dir):
-            link = f"{self._infiniband_dir}/{name}/device"
-            directory = os.path.realpath(link)
-            address = os.path.basename(directory)
-            if _ADDRESS_RE.match(address) and address not in found:
-                found[address] = (address, directory, "hca", name)
+    def _functions(self) -> list[_Function]:
+        """Every function to read, by address."""
+        found: dict[str, _Function] = {}
+        entries = self._listing(self._devices_dir)
+        for address, inode in entries:
+            if _ADDRESS_RE.match(address) and self._is_gpu(address, inode):
+                found[address] = _Function(address, f"{self._devices_dir}/{address}", "gpu", None)
+        known = {address for address, _ in entries}
+        self._entries = {a: e for a, e in self._entries.items() if a in known}
+        for name, _ in self._listing(self._infiniband_dir):
+            hca = self._hca_address(name)
+            if hca is not None and hca not in found:
+                # Every PCI function has its entry under bus/pci/devices, a
+                # link to the directory the HCA's `device` link leads to.
+                found[hca] = _Function(hca, f"{self._devices_dir}/{hca}", "hca", name)
         return [found[address] for address in sorted(found)]
 
-    def _listing(self, directory: str) -> list[str]:
+    def _hca_address(self, name: str) -> str | None:
+        """The address `class/infiniband/<name>/device` leads to (the last
+        part of the link: the function's directory), None where it leads to
+        no PCI function (a soft-RoCE device, a sub-function) or is no link."""
         try:
-            return sorted(os.listdir(directory))
+            target = os.readlink(f"{self._infiniband_dir}/{name}/device")
+        except OSError:
+            return None
+        address = os.path.basename(target)
+        return address if _ADDRESS_RE.match(address) else None
+
+    def _listing(self, directory: str) -> list[tuple[str, int]]:
+        """The names in `directory` with their inodes (which listing gives)."""
+        try:
+            with os.scandir(directory) as entries:
+                return sorted((entry.name, entry.inode()) for entry in entries)
         except FileNotFoundError:
             return []
         except OSError as error:
             self._report_once(directory, f"pcie: cannot list {directory}: {error.strerror}")
             return []
 
-    def _is_gpu(self, directory: str) -> bool:
-        vendor = self._text(f"{directory}/vendor", quiet=True)
-        if vendor is None or _hex(vendor) != NVIDIA_VENDOR:
-            return False
-        return nvidia_gpu(vendor, self._text(f"{directory}/class", quiet=True))
+    def _is_gpu(self, address: str, inode: int) -> bool:
+        known = self._entries.get(address)
+        if known is not None and known[0] == inode:
+            return known[1]
+        directory = f"{self._devices_dir}/{address}"
+        vendor = self._text(f"{directory}/vendor")
+        is_gpu = (
+            vendor is not None
+            and _hex(vendor) == NVIDIA_VENDOR
+            and nvidia_gpu(vendor, self._text(f"{directory}/class"))
+        )
+        self._entries[address] = (inode, is_gpu)
+        return is_gpu
 
-    def _read(
-        self, directory: str, address: str, kind: str, name: str | None
-    ) -> PcieFunctionSample:
+    def _forget_all_but(self, functions: list[_Function]) -> None:
+        kept = set(functions)
+        self._samples = {f: held for f, held in self._samples.items() if f in kept}
+        paths = {f"{f.directory}/{file}" for f in functions for file in AER_FILES}
+        self._aer = {path: held for path, held in self._aer.items() if path in paths}
+
+    def _sample(self, function: _Function) -> PcieFunctionSample:
+        contents = self._contents(function)
+        held = self._samples.get(function)
+        if held is not None and held[0] == contents:
+            return held[1]
+        sample = self._parse(function, contents)
+        self._samples[function] = (contents, sample)
+        return sample
+
+    def _contents(self, function: _Function) -> _Contents:
+        """The bytes of the function's AER and link files, read relative to
+        its directory (one walk down the path, not one a file)."""
+        try:
+            folder: int | None = os.open(
+                function.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+            )
+        except OSError:
+            folder = None  # each file then says for itself what is wrong
+        try:
+            aer = tuple(self._bytes(function, file, folder, quiet=False) for file in AER_FILES)
+            link = tuple(self._bytes(function, file, folder, quiet=True) for file in LINK_FILES)
+        finally:
+            if folder is not None:
+                os.close(folder)
+        return aer + link
+
+    def _parse(self, function: _Function, contents: _Contents) -> PcieFunctionSample:
         totals: dict[str, int] = {}
         causes: dict[str, int] = {}
-        for severity, (file, total_name) in AER_SEVERITIES.items():
-            path = f"{directory}/{file}"
-            text = self._text(path, quiet=False, missing_note="the function has no AER")
-            if text is None:
+        aer, (speed, width) = contents[: len(AER_FILES)], contents[len(AER_FILES) :]
+        for (severity, (file, total_name)), data in zip(AER_SEVERITIES.items(), aer, strict=True):
+            parsed = self._aer_counts(f"{function.directory}/{file}", data, severity, total_name)
+            if parsed is None:
                 continue
-            try:
-                total, counts = parse_aer(text, total_name)
-            except ValueError as error:
-                self._report_once(path, f"pcie: {path}: {error}; {severity} errors are absent")
-                continue
-            totals[severity] = total
-            causes.update({f"{severity}:{cause}": count for cause, count in counts.items()})
+            totals[severity] = parsed[0]
+            causes.update({f"{severity}:{cause}": count for cause, count in parsed[1].items()})
+        speed_path, width_path = (f"{function.directory}/{file}" for file in LINK_FILES)
         return PcieFunctionSample(
-            address=address,
-            kind=kind,
-            name=name,
+            address=function.address,
+            kind=function.kind,
+            name=function.name,
             aer_errors=totals,
             aer_causes=causes,
-            link_generation=self._parsed(f"{directory}/current_link_speed", parse_speed),
-            link_width=self._parsed(f"{directory}/current_link_width", parse_width),
+            link_generation=self._parsed(speed_path, speed, parse_speed),
+            link_width=self._parsed(width_path, width, parse_width),
         )
 
-    def _parsed(self, path: str, parse: Callable[[str], int]) -> int | None:
-        text = self._text(path, quiet=True)
-        if text is None:
+    def _aer_counts(
+        self, path: str, data: bytes | None, severity: str, total_name: str
+    ) -> tuple[int, dict[str, int]] | None:
+        if data is None:
+            return None
+        held = self._aer.get(path)
+        if held is not None and held[0] == data:
+            return held[1]
+        try:
+            parsed = parse_aer(text_of(data), total_name)
+        except ValueError as error:
+            self._report_once(path, f"pcie: {path}: {error}; {severity} errors are absent")
+            return None
+        self._aer[path] = (data, parsed)
+        return parsed
+
+    def _parsed(self, path: str, data: bytes | None, parse: Callable[[str], int]) -> int | None:
+        if data is None:
             return None
         try:
-            return parse(text)
+            return parse(text_of(data))
         except ValueError as error:
             self._report_once(path, f"pcie: {path}: {error}; read on without it")
             return None
 
-    def _text(self, path: str, quiet: bool, missing_note: str = "") -> str | None:
-        """The file's text; None (said once, unless `quiet` and missing) when unreadable."""
+    def _bytes(
+        self, function: _Function, file: str, folder: int | None, quiet: bool
+    ) -> bytes | None:
+        """The file's bytes; None (said once, unless `quiet` and missing) when
+        unreadable. `folder`: the function's directory, open."""
+        path = f"{function.directory}/{file}"
+        try:
+            return read_bytes(path) if folder is None else read_bytes(file, folder)
+        except FileNotFoundError:
+            if not quiet:
+                note = "the function has no AER"
+                self._report_once(path, f"pcie: {path} is missing ({note})", info=True)
+            return None
+        except OSError as error:
+            self._report_once(path, f"pcie: {path}: {error.strerror}; read on without it")
+            return None
+
+    def _text(self, path: str) -> str | None:
+        """The file's text; None when unreadable (said once unless missing)."""
         try:
             return read_attribute(path)
         except FileNotFoundError:
-            if not quiet:
-                self._report_once(path, f"pcie: {path} is missing ({missing_note})", info=True)
             return None
         except OSError as error:
             self._report_once(path, f"pcie: {path}: {error.strerror}; read on without it")
