@@ -941,9 +941,11 @@ class _GpuRead:
 
     def call(self, subject: str, function: str, *args: Any, then: str = "left absent") -> Any:
         """`pynvml.<function>(handle, *args)`, or None when the GPU does not answer it."""
-        if self.refused(subject, function):
+        # `refused`, inline: a poll asks it of every call and field.
+        if self._availability.refused(self.index, subject, function, self.now):
             return None
-        return self._invoke(subject, function, _binding(function), args, then)
+        # `_binding`, inline likewise.
+        return self._invoke(subject, function, getattr(pynvml, function, None), args, then)
 
     def _invoke(
         self,
@@ -997,11 +999,11 @@ class _GpuRead:
     ) -> None:
         """Ask for a field value in the poll's batch; `otherwise` runs after
         the batch when the field gives no value (refused now or before)."""
-        if self.refused(subject, field_name):
+        if self._availability.refused(self.index, subject, field_name, self.now):
             self._later(otherwise)
             return
         if field_id is None:
-            field_id = _binding(field_name)
+            field_id = getattr(pynvml, field_name, None)  # `_binding`, inline
         if field_id is None:
             self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
             self._later(otherwise)
@@ -1587,8 +1589,9 @@ def _decode_ber(value: float | int) -> float:
     return float(mantissa * 10.0**-exponent)
 
 
-@dataclass(frozen=True)
-class _LinkRead:
+class _LinkRead(NamedTuple):
+    """One link's read this poll (a tuple: a poll makes one a link)."""
+
     link: int
     # Filled by the calls, or after the field-value batch: "up" once the
     # state is read.
