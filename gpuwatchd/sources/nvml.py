@@ -169,6 +169,13 @@ _MILLI = 1e-3
 _NANO = 1e-9
 
 
+# The links discovery asks: as many as any nvml.h allows (NVML_NVLINK_MAX_LINKS,
+# 36 in nvidia-ml-py 13's header, 18 in 12's). The binding's constant is the
+# header it was made from, not the driver's: an older binding would leave a
+# newer driver's links past 17 unasked, and a capture it takes would differ
+# from one taken under a newer binding. A link past the driver's own limit
+# answers INVALID_ARGUMENT, which is "no such link".
+NVLINK_MAX_LINKS = max(36, pynvml.NVML_NVLINK_MAX_LINKS)
 # NVLink discovery: codes meaning "no such link" (gpud stops enumerating there
 # too); any other error leaves the discovery open, done again next poll.
 _NO_SUCH_LINK = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
@@ -1464,7 +1471,7 @@ def _discover_links(gpu: _Gpu) -> None:
     "no such link" (a Timeout during the first polls, say) leaves the
     discovery open, to be done again at the next poll."""
     links, settled = [], True
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+    for link in range(NVLINK_MAX_LINKS):
         code = _probe_code(_succeeds(gpu, "nvmlDeviceGetNvLinkState", link))
         if code in _NO_SUCH_LINK:
             continue
