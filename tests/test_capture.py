@@ -113,6 +113,32 @@ def _replay_poll(scenario: scenarios.Scenario, tmp_path: Path) -> tuple[Reading,
         node.uninstall()
 
 
+def test_capture_records_the_batch_the_source_makes_by_its_pointer_as_the_wrappers_call(
+    tmp_path: Path,
+) -> None:
+    document = capture_file.load(_capture_of(tmp_path))
+    for gpu in capture.gpu_documents(document):
+        batches = [c for c in gpu["calls"] if c["function"] == "nvmlDeviceGetFieldValues"]
+        poll_batch = max(batches, key=lambda call: len(call["args"][0]))
+        (ids,) = poll_batch["args"]
+        assert [MEMORY_TEMP, 0] in ids
+        assert poll_batch["answers"] == [{"value": f"{len(ids)} field values (see fields)"}]
+        recorded = {(entry["id"], entry["scope"]) for entry in gpu["fields"]}
+        assert {(field_id, scope) for field_id, scope in ids} <= recorded
+
+
+def test_recorder_refuses_a_function_pointer_it_would_not_record() -> None:
+    with pytest.raises(NotImplementedError, match="nvmlDeviceGetPowerUsage"):
+        capture.Recorder()._nvmlGetFunctionPointer("nvmlDeviceGetPowerUsage")
+
+
+def test_capture_asks_every_link_any_nvml_header_allows_whatever_the_binding(
+    tmp_path: Path,
+) -> None:
+    gpu = capture.gpu_documents(capture_file.load(_capture_of(tmp_path)))[0]
+    assert capture.first_answer(gpu, "nvmlDeviceGetNvLinkState", 35) is not None
+
+
 def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_versions(
     tmp_path: Path,
 ) -> None:
