@@ -95,9 +95,40 @@ class Recorder:
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._binding, name)
+        if name == "_nvmlGetFunctionPointer":
+            return self._recording_pointers(value)
         if name.startswith("nvml") and callable(value) and not isinstance(value, type):
             return self._recording(name, value)
         return value
+
+    def _recording_pointers(self, lookup: Callable[[str], Any]) -> Callable[[str], Any]:
+        """The binding's function-pointer lookup, whose field-value batches
+        (the source calls that function by its pointer, into an array it
+        keeps) are recorded as the binding's wrapper would have them."""
+
+        def pointer(name: str) -> Any:
+            if name != "nvmlDeviceGetFieldValues":
+                raise NotImplementedError(f"{name} by its pointer would go unrecorded")
+            return self._recording_field_values(lookup(name))
+
+        return pointer
+
+    def _recording_field_values(self, function: Callable[..., int]) -> Callable[..., int]:
+        def call(handle: Any, count: int, values: Any) -> int:
+            gpu = self._gpus.get(_address(handle))
+            asked = values[:count]
+            ids = [[int(value.fieldId), int(value.scopeId)] for value in asked]
+            record = self._call(gpu, "nvmlDeviceGetFieldValues", [ids])
+            code = function(handle, count, values)
+            if code != _SUCCESS:
+                _add(record.answers, _error_answer(code))
+                return code
+            if gpu is not None:
+                self._record_fields(gpu, asked)
+            _add(record.answers, {"value": f"{count} field values (see fields)"})
+            return code
+
+        return call
 
     def _recording(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **keywords: Any) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 import pynvml
 
 from gpuwatchd.settings import SettingsError, read_text, shown
+from gpuwatchd.sources.nvml import NVLINK_MAX_LINKS
 
 FORMAT = "gpuwatchd-capture"
 VERSION = 1
@@ -264,7 +265,9 @@ VALUE_SHAPES: Mapping[str, Shape] = {
     "nvmlDeviceGetRowRemapperHistogram": _values_of(_U32),
     "nvmlDeviceGetSramEccErrorStatus": _struct({"bThresholdExceeded": _U32}),
 }
-_MAX_LINKS: int = pynvml.NVML_NVLINK_MAX_LINKS
+# The links the source asks, whatever the installed binding's header says: a
+# capture made under a newer binding names links an older one does not know.
+_MAX_LINKS: int = NVLINK_MAX_LINKS
 _SUCCESS: int = pynvml.NVML_SUCCESS
 
 

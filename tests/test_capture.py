@@ -48,6 +48,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "h100-2gpu-fake.capture.json"
 CRC_FLIT: int = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
 MEMORY_TEMP: int = pynvml.NVML_FI_DEV_MEMORY_TEMP
 NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
 NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
 APP_CLOCK = (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_ID_APP_CLOCK_TARGET)
 
@@ -112,6 +113,32 @@ def _replay_poll(scenario: scenarios.Scenario, tmp_path: Path) -> tuple[Reading,
         node.uninstall()
 
 
+def test_capture_records_the_batch_the_source_makes_by_its_pointer_as_the_wrappers_call(
+    tmp_path: Path,
+) -> None:
+    document = capture_file.load(_capture_of(tmp_path))
+    for gpu in capture.gpu_documents(document):
+        batches = [c for c in gpu["calls"] if c["function"] == "nvmlDeviceGetFieldValues"]
+        poll_batch = max(batches, key=lambda call: len(call["args"][0]))
+        (ids,) = poll_batch["args"]
+        assert [MEMORY_TEMP, 0] in ids
+        assert poll_batch["answers"] == [{"value": f"{len(ids)} field values (see fields)"}]
+        recorded = {(entry["id"], entry["scope"]) for entry in gpu["fields"]}
+        assert {(field_id, scope) for field_id, scope in ids} <= recorded
+
+
+def test_recorder_refuses_a_function_pointer_it_would_not_record() -> None:
+    with pytest.raises(NotImplementedError, match="nvmlDeviceGetPowerUsage"):
+        capture.Recorder()._nvmlGetFunctionPointer("nvmlDeviceGetPowerUsage")
+
+
+def test_capture_asks_every_link_any_nvml_header_allows_whatever_the_binding(
+    tmp_path: Path,
+) -> None:
+    gpu = capture.gpu_documents(capture_file.load(_capture_of(tmp_path)))[0]
+    assert capture.first_answer(gpu, "nvmlDeviceGetNvLinkState", 35) is not None
+
+
 def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_versions(
     tmp_path: Path,
 ) -> None:
@@ -133,7 +160,10 @@ def test_capture_of_the_simulated_h100_records_calls_fields_refusals_and_version
         "return": NOT_SUPPORTED,
         "error": "Not Supported",
     }
-    assert capture.first_answer(gpu, "nvmlDeviceGetNvLinkState", 18)["return"] == NOT_SUPPORTED
+    # Link 18 is asked whatever the binding; the fake answers it as a driver
+    # whose header allows as many links as the binding's does.
+    no_link_18 = NOT_SUPPORTED if pynvml.NVML_NVLINK_MAX_LINKS > 18 else INVALID_ARGUMENT
+    assert capture.first_answer(gpu, "nvmlDeviceGetNvLinkState", 18)["return"] == no_link_18
     # Hopper's per-link counters, as nvidia-smi reads them: link 17's CRC flits.
     assert capture.first_value(gpu, "nvmlDeviceGetNvLinkErrorCounter", 17, CRC_FLIT) == 0
     # Field values per (field id, scope id): the HBM temperature.

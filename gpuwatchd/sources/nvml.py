@@ -97,6 +97,7 @@ import logging
 import math
 import os
 import queue
+import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -168,6 +169,13 @@ _MILLI = 1e-3
 _NANO = 1e-9
 
 
+# The links discovery asks: as many as any nvml.h allows (NVML_NVLINK_MAX_LINKS,
+# 36 in nvidia-ml-py 13's header, 18 in 12's). The binding's constant is the
+# header it was made from, not the driver's: an older binding would leave a
+# newer driver's links past 17 unasked, and a capture it takes would differ
+# from one taken under a newer binding. A link past the driver's own limit
+# answers INVALID_ARGUMENT, which is "no such link".
+NVLINK_MAX_LINKS = max(36, pynvml.NVML_NVLINK_MAX_LINKS)
 # NVLink discovery: codes meaning "no such link" (gpud stops enumerating there
 # too); any other error leaves the discovery open, done again next poll.
 _NO_SUCH_LINK = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT})
@@ -505,11 +513,22 @@ FIELD_VALUE_MEMBERS: Mapping[int, str] = {
     pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
-# How a member of an nvidia-ml-py struct is read past the binding's own
-# __getattribute__, which is Python (a poll reads hundreds of field values)
-# and only turns bytes into str: the field value's members are numbers and
-# a union, for which it returns what this returns.
-_struct_member: Callable[[Any, str], Any] = object.__getattribute__
+# A field value as C lays it out: a poll reads hundreds, so its members are
+# unpacked from the request array's memory, where the binding's struct would
+# make an object of each element and read each member through a Python hook.
+_FIELD_VALUE = pynvml.c_nvmlFieldValue_t
+_FIELD_VALUE_SIZE = ctypes.sizeof(_FIELD_VALUE)
+_FIELD_VALUE_TYPES = dict(_FIELD_VALUE._fields_)
+_RETURN_AT: int = _FIELD_VALUE.nvmlReturn.offset
+_VALUE_TYPE_AT: int = _FIELD_VALUE.valueType.offset
+_VALUE_AT: int = _FIELD_VALUE.value.offset
+_RETURN = struct.Struct("@" + _FIELD_VALUE_TYPES["nvmlReturn"]._type_)
+_VALUE_TYPE = struct.Struct("@" + _FIELD_VALUE_TYPES["valueType"]._type_)
+# valueType -> how its union member's bytes read (the member's C type).
+_VALUE_READERS: Mapping[int, struct.Struct] = {
+    value_type: struct.Struct("@" + dict(pynvml.c_nvmlValue_t._fields_)[member]._type_)
+    for value_type, member in FIELD_VALUE_MEMBERS.items()
+}
 
 
 @dataclass(frozen=True)
@@ -739,6 +758,30 @@ class _FieldRequest(NamedTuple):
     otherwise: Callable[[], None] | None
 
 
+class _FieldBatch:
+    """A GPU's nvmlDeviceGetFieldValues request for one list of (field id,
+    scope id), made once and reused while the poll asks the same list:
+    pynvml's wrapper builds the array anew at every call, member by member
+    through its structs' Python hooks."""
+
+    def __init__(self, ids: tuple[tuple[int, int], ...]) -> None:
+        self.ids = ids
+        self.values: ctypes.Array[Any] = (_FIELD_VALUE * len(ids))()
+        for value, (field_id, scope) in zip(self.values, ids, strict=True):
+            value.fieldId, value.scopeId = field_id, scope
+        self._request = bytes(self.values)
+
+    def get(self, handle: Any) -> ctypes.Array[Any]:
+        """The driver's answers, each field as fresh as pynvml's own array
+        (the request alone: nothing of the last answers is left in it)."""
+        ctypes.memmove(self.values, self._request, len(self._request))
+        function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        code = function(handle, len(self.ids), self.values)
+        if code != _SUCCESS:
+            raise pynvml.NVMLError(code)
+        return self.values
+
+
 @dataclass
 class _CallCounts:
     """The NVLink error counters a GPU gives one call a link and counter
@@ -774,6 +817,7 @@ class _Gpu:
         self.architecture: int | None = None
         self.link_counters: _LinkCounters | None = None
         self.counts = _CallCounts()
+        self.field_batch: _FieldBatch | None = None
         # The last sample read of the GPU, whose unchanged parts the next shares.
         self.last: GpuSample | None = None
         # The values a GPU keeps (`_read_static`) as last read, and when.
@@ -904,9 +948,21 @@ class _GpuRead:
 
     def call(self, subject: str, function: str, *args: Any, then: str = "left absent") -> Any:
         """`pynvml.<function>(handle, *args)`, or None when the GPU does not answer it."""
-        if self.refused(subject, function):
+        # `refused`, inline: a poll asks it of every call and field.
+        if self._availability.refused(self.index, subject, function, self.now):
             return None
-        wrapper = _binding(function)
+        # `_binding`, inline likewise.
+        return self._invoke(subject, function, getattr(pynvml, function, None), args, then)
+
+    def _invoke(
+        self,
+        subject: str,
+        function: str,
+        wrapper: Callable[..., Any] | None,
+        args: tuple[Any, ...],
+        then: str = "left absent",
+    ) -> Any:
+        """`wrapper(handle, *args)` as `call` makes it of `function`."""
         if wrapper is None:
             self._refused(subject, function, _FUNCTION_NOT_FOUND, then)
             return None
@@ -950,11 +1006,11 @@ class _GpuRead:
     ) -> None:
         """Ask for a field value in the poll's batch; `otherwise` runs after
         the batch when the field gives no value (refused now or before)."""
-        if self.refused(subject, field_name):
+        if self._availability.refused(self.index, subject, field_name, self.now):
             self._later(otherwise)
             return
         if field_id is None:
-            field_id = _binding(field_name)
+            field_id = getattr(pynvml, field_name, None)  # `_binding`, inline
         if field_id is None:
             self._refused(subject, field_name, _FUNCTION_NOT_FOUND, "left absent")
             self._later(otherwise)
@@ -978,27 +1034,40 @@ class _GpuRead:
             read()
 
     def _fetch(self, requests: list[_FieldRequest]) -> None:
-        ids = [(r.field_id, r.scope) for r in requests]
+        gpu = self.gpu
+        ids = tuple([(r.field_id, r.scope) for r in requests])
+        if gpu.field_batch is None or gpu.field_batch.ids != ids:
+            gpu.field_batch = _FieldBatch(ids)
         # The batch answers SUCCESS whatever each field says (nvml.h): only a
         # field's own answer shows that the GPU answers.
         answered = self.answered
-        values = self.call("field values", "nvmlDeviceGetFieldValues", ids)
+        values = None
+        if not self.refused("field values", "nvmlDeviceGetFieldValues"):
+            batch = gpu.field_batch.get
+            values = self._invoke("field values", "nvmlDeviceGetFieldValues", batch, ())
         self.answered = answered
-        for request, value in zip(requests, values or (), strict=False):
-            code = _struct_member(value, "nvmlReturn")
-            if code != _SUCCESS:
-                self._refused_field(request, code)
-                continue
-            member = FIELD_VALUE_MEMBERS.get(_struct_member(value, "valueType"))
-            if member is not None:
-                number = getattr(_struct_member(value, "value"), member)
-                request.target[request.key] = request.convert(number)
-                self._answered(request.subject, request.field_name)
+        if values is not None:
+            self._decode(requests, values)
         self._instead.extend(
             request.otherwise
             for request in requests
             if request.otherwise is not None and request.key not in request.target
         )
+
+    def _decode(self, requests: list[_FieldRequest], values: ctypes.Array[Any]) -> None:
+        at = 0
+        for request in requests:
+            (code,) = _RETURN.unpack_from(values, at + _RETURN_AT)
+            if code != _SUCCESS:
+                self._refused_field(request, code)
+            else:
+                (value_type,) = _VALUE_TYPE.unpack_from(values, at + _VALUE_TYPE_AT)
+                reader = _VALUE_READERS.get(value_type)
+                if reader is not None:
+                    (number,) = reader.unpack_from(values, at + _VALUE_AT)
+                    request.target[request.key] = request.convert(number)
+                    self._answered(request.subject, request.field_name)
+            at += _FIELD_VALUE_SIZE
 
     def distrust(self, subject: str, source: str, why: str, then: str) -> None:
         """A value that answered but is not what it is read as (see _Availability.distrust)."""
@@ -1402,7 +1471,7 @@ def _discover_links(gpu: _Gpu) -> None:
     "no such link" (a Timeout during the first polls, say) leaves the
     discovery open, to be done again at the next poll."""
     links, settled = [], True
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+    for link in range(NVLINK_MAX_LINKS):
         code = _probe_code(_succeeds(gpu, "nvmlDeviceGetNvLinkState", link))
         if code in _NO_SUCH_LINK:
             continue
@@ -1527,8 +1596,9 @@ def _decode_ber(value: float | int) -> float:
     return float(mantissa * 10.0**-exponent)
 
 
-@dataclass(frozen=True)
-class _LinkRead:
+class _LinkRead(NamedTuple):
+    """One link's read this poll (a tuple: a poll makes one a link)."""
+
     link: int
     # Filled by the calls, or after the field-value batch: "up" once the
     # state is read.
