@@ -8,7 +8,10 @@ label value again for every sample; on a node's page most of them repeat
 so this encoder calls the very same escaping functions once per distinct
 string and keeps the answers from one render to the next (they depend on the
 string alone). A HeldFamily keeps its own lines, so that a family that did
-not change between polls is not encoded again. Everything else is the
+not change between polls is not encoded again, and one held by its series
+writes each line from a prefix (name and labels) kept for its family's name
+(LinePrefixes), so that one moved value does not escape and sort the
+labels of every series again. Everything else is the
 library's line format. A family outside what it handles (a type other than gauge,
 counter and info, or a sample with a timestamp, an exemplar, a native
 histogram or an OpenMetrics-only `_created` series) is encoded by
@@ -19,7 +22,8 @@ pages and on hostile names and values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from prometheus_client import exposition
 from prometheus_client.core import Metric
@@ -41,34 +45,38 @@ _openmetrics_encoder: Callable[[Collector, str, str], bytes] = openmetrics.gener
 # Distinct names and label values kept escaped at most: a node's page has about
 # 500 (its subjects, UUIDs and label names).
 MEMO_BOUND = 10_000
+Text = TypeVar("Text", str, float)  # what a memo writes: a name or label value, or a sample value
 
 
-class _Memo(dict[str, str]):
+class _Memo(dict[Text, str]):
     """`escape(s)` for each distinct `s`, computed once and kept across
     renders (the answer depends on `s` alone); emptied when it holds `bound`
     strings, so that label values that come and go cannot grow it for ever."""
 
-    def __init__(self, escape: Callable[[str], str], bound: int = MEMO_BOUND) -> None:
+    def __init__(self, escape: Callable[[Text], str], bound: int = MEMO_BOUND) -> None:
         super().__init__()
-        self._escape = escape
+        self._escape: Callable[[Text], str] = escape
         self._bound = bound
 
-    def __missing__(self, key: str) -> str:
+    def __missing__(self, key: Text) -> str:
         if len(self) >= self._bound:
             self.clear()
         value = self[key] = self._escape(key)
         return value
 
 
-class _Floats(dict[float, str]):
-    """A sample value as Go writes it, for each distinct value in one page.
-    0.0 and -0.0 are one key but two texts: zero is written by its sign."""
+class _Floats(_Memo[float]):
+    """A sample value as Go writes it, for each distinct value, kept across
+    renders as `_Memo` keeps strings. 0.0 and -0.0 are one key but two texts:
+    zero is written by its sign, and never kept."""
+
+    def __init__(self, bound: int = MEMO_BOUND) -> None:
+        super().__init__(_go_float, bound)
 
     def __missing__(self, value: float) -> str:
         if value == 0:
             return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-        text = self[value] = _go_float(value)
-        return text
+        return super().__missing__(value)
 
 
 def _label_value(value: str) -> str:
@@ -105,8 +113,12 @@ class _One(Collector):
         yield self._family
 
 
+def _handled_type(family: Metric) -> bool:
+    return family.type in HANDLED_TYPES and not family.unit
+
+
 def _handled(family: Metric) -> bool:
-    if family.type not in HANDLED_TYPES or family.unit:
+    if not _handled_type(family):
         return False
     moved = tuple(family.name + suffix for suffix in TEXT_MOVED_SUFFIXES)
     return all(
@@ -125,6 +137,37 @@ _LABEL_NAMES = _Memo(_label_name)
 _LABEL_VALUES = _Memo(_label_value)
 _OPENMETRICS_HELPS = _Memo(_openmetrics_help)
 _TEXT_HELPS = _Memo(_text_help)
+_FLOATS = _Floats()
+
+
+PrefixKey = tuple[bool, tuple[str, ...]]  # OpenMetrics or not, a series' label values
+Shape = tuple[str, tuple[str, ...]]  # a family's sample name and label names
+
+
+class LinePrefixes(dict[PrefixKey, str]):
+    """Each series' line up to its value (`name{labels} `), by format and
+    label values, for the held families of one name whose samples are shaped
+    as `shape` (gpuwatchd.export.held), kept from one render to the next: a
+    family rebuilt because one value moved writes the others' lines without
+    escaping and sorting their labels again. Emptied at `bound` as `_Memo` is."""
+
+    def __init__(self, shape: Shape | None, bound: int = MEMO_BOUND) -> None:
+        super().__init__()
+        self.shape = shape
+        self._bound = bound
+
+    @staticmethod
+    def shape_of(family: Metric) -> Shape | None:
+        if not family.samples:
+            return None
+        sample = family.samples[0]
+        return sample.name, tuple(sample.labels)
+
+    def keep(self, key: PrefixKey, prefix: str) -> str:
+        if len(self) >= self._bound:
+            self.clear()
+        self[key] = prefix
+        return prefix
 
 
 class HeldFamily(Metric):
@@ -132,44 +175,23 @@ class HeldFamily(Metric):
     stays the same (gpuwatchd.export.held): its encodings are kept with it,
     so its samples must not change once it is made.
 
-    `series_keys`, where given, are what each sample is made of, one a sample
-    (its label values and value): a family made to replace `previous` re-uses
-    the lines of the samples whose key it had too."""
+    `label_values`, where given, are each sample's label values in the order
+    of its labels, and its samples are plain ones (a label set and a float,
+    as `add_metric` makes them, all shaped as `prefixes.shape`): its lines
+    are written with `prefixes`, kept for the families of its name."""
 
     def __init__(
         self,
         family: Metric,
-        series_keys: Sequence[Hashable] = (),
-        previous: HeldFamily | None = None,
+        label_values: Sequence[tuple[str, ...]] = (),
+        prefixes: LinePrefixes | None = None,
     ) -> None:
         super().__init__(family.name, family.documentation, family.type, family.unit)
         self.samples = family.samples
-        self.series_keys = series_keys
+        self.label_values = label_values
+        self.prefixes = prefixes
         # OpenMetrics or not -> the family's header, then a line a sample.
         self.encoded: dict[bool, list[str]] = {}
-        self._previous: HeldFamily | None = previous
-        if previous is not None:
-            previous._previous = None  # one family back is enough to re-use lines
-
-    def reusable(self, openmetrics_format: bool) -> dict[Hashable, str]:
-        """The lines of the family this one replaced, by their sample's key."""
-        previous = self._previous
-        if previous is None or not _same_shape(self, previous):
-            return {}
-        lines = previous.encoded.get(openmetrics_format)
-        if lines is None or len(lines) != len(previous.series_keys) + 1:
-            return {}
-        return dict(zip(previous.series_keys, lines[1:], strict=True))
-
-
-def _same_shape(family: HeldFamily, other: HeldFamily) -> bool:
-    """Whether `other`'s lines are written as `family`'s are, given equal keys."""
-    if len(family.series_keys) != len(family.samples):
-        return False
-    if not family.samples or not other.samples:
-        return True
-    mine, theirs = family.samples[0], other.samples[0]
-    return (mine.name, tuple(mine.labels)) == (theirs.name, tuple(theirs.labels))
 
 
 class _Encoder:
@@ -179,7 +201,7 @@ class _Encoder:
         self.sample_names = _OPENMETRICS_SAMPLE_NAMES if openmetrics_format else _METRIC_NAMES
         self.label_names = _LABEL_NAMES
         self.label_values = _LABEL_VALUES
-        self.floats = _Floats()
+        self.floats = _FLOATS
 
     def family(self, family: Metric) -> str:
         if not isinstance(family, HeldFamily):
@@ -190,17 +212,15 @@ class _Encoder:
         return "".join(lines)
 
     def _held_lines(self, family: HeldFamily) -> list[str]:
-        reusable = family.reusable(self.openmetrics)
-        if not reusable or not _handled(family):
+        if family.prefixes is None or not family.samples or not _handled_type(family):
             return self._lines(family)
-        line = self._line
-        return [
-            self._header(family),
-            *(
-                reusable.get(key) or line(sample)
-                for key, sample in zip(family.series_keys, family.samples, strict=True)
-            ),
-        ]
+        prefixes = family.prefixes
+        lines = [self._header(family)]
+        for labels, sample in zip(family.label_values, family.samples, strict=True):
+            key = (self.openmetrics, labels)
+            prefix = prefixes.get(key) or prefixes.keep(key, self._prefix(sample))
+            lines.append(f"{prefix}{self.floats[sample.value]}\n")
+        return lines
 
     def _lines(self, family: Metric) -> list[str]:
         """The family's header, then a line a sample (or the library's text, whole)."""
@@ -223,9 +243,12 @@ class _Encoder:
         )
 
     def _line(self, sample: Sample) -> str:
-        value = self.floats[sample.value]
+        return f"{self._prefix(sample)}{self.floats[sample.value]}\n"
+
+    def _prefix(self, sample: Sample) -> str:
+        """The sample's line up to its value: its name and labels, and a space."""
         if not sample.labels:
-            return f"{self.sample_names[sample.name]} {value}\n"
+            return f"{self.sample_names[sample.name]} "
         label_names, label_values = self.label_names, self.label_values
         labels = ",".join(
             [
@@ -233,7 +256,7 @@ class _Encoder:
                 for key, text in sorted(sample.labels.items())
             ]
         )
-        return f"{self.sample_names[sample.name]}{{{labels}}} {value}\n"
+        return f"{self.sample_names[sample.name]}{{{labels}}} "
 
     def _by_the_library(self, family: Metric) -> str:
         if self.openmetrics:

@@ -35,7 +35,8 @@ from gpuwatchd.canary import export as canary
 from gpuwatchd.checks.registry import CHECK_NAMES
 from gpuwatchd.encoding import encode
 from gpuwatchd.export import actions, config, gpu, health, infiniband, pcie
-from gpuwatchd.export.detail import troubled
+from gpuwatchd.export.detail import flagged_of
+from gpuwatchd.export.held import held_series
 from gpuwatchd.snapshot import Snapshot
 
 FamilyRenderer = Callable[[Snapshot], Iterable[Metric]]
@@ -52,17 +53,15 @@ def _daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
         "1 when the source's last poll worked, 0 when it failed.",
         labels=("source",),
     )
-    for name, ok in sorted(snapshot.source_up.items()):
-        up.add_metric([name], float(ok))
-    yield up
+    yield held_series(up, [((name,), float(ok)) for name, ok in sorted(snapshot.source_up.items())])
     failed = GaugeMetricFamily(
         "gpuwatchd_check_failed",
         "1 when the check raised an error in the last poll (its findings are missing), else 0.",
         labels=("check",),
     )
-    for name in CHECK_NAMES:
-        failed.add_metric([name], float(name in snapshot.check_errors))
-    yield failed
+    yield held_series(
+        failed, [((name,), float(name in snapshot.check_errors)) for name in CHECK_NAMES]
+    )
     yield GaugeMetricFamily(
         "gpuwatchd_last_poll_timestamp_seconds",
         "When the daemon last finished a poll, in seconds since the epoch.",
@@ -84,9 +83,7 @@ RENDERERS: tuple[FamilyRenderer, ...] = (
     health.families,
     actions.families,
     lambda snapshot: (
-        canary.families(
-            snapshot.canary, snapshot.export, troubled(snapshot.health, snapshot.findings)
-        )
+        canary.families(snapshot.canary, snapshot.export, flagged_of(snapshot))
         if snapshot.canary
         else ()
     ),
@@ -187,7 +184,15 @@ class MetricsPage:
             snapshot, generation = self._refresh()
             self._asked[content_type] = (encoder, generation)
             held = self._held(snapshot, encoder, content_type)
-        return held + encoder(self.live), content_type
+        return held + self._live_part(encoder, content_type), content_type
+
+    def _live_part(self, encoder: Encoder, content_type: str) -> bytes:
+        """The live collectors' part of the page, which closes it."""
+        openmetrics_format = LEAN_FORMATS.get(content_type)
+        if openmetrics_format is None:
+            return encoder(self.live)
+        live = encode(self.live.collect(), openmetrics_format)
+        return live + OPENMETRICS_EOF if openmetrics_format else live
 
     def prerender(self) -> None:
         """Encode the current Snapshot in the formats scraped lately, so that

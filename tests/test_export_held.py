@@ -9,7 +9,7 @@ import dataclasses
 from gpuwatchd.encoding import encode
 from gpuwatchd.export import gpu, health
 from gpuwatchd.export.detail import ExportConfig
-from gpuwatchd.model import GpuSample, Health, LinkSample
+from gpuwatchd.model import GpuSample, Health, LinkSample, Measurement
 from gpuwatchd.snapshot import Snapshot
 
 
@@ -79,3 +79,43 @@ def test_a_family_rebuilt_for_one_moved_series_shows_it_and_keeps_the_others() -
             'gpuwatchd_gpu_power_watts{gpu="0",model="H100",uuid="GPU-0"} 310.0',
             'gpuwatchd_gpu_power_watts{gpu="1",model="H100",uuid="GPU-1"} -0.0',
         ]
+
+
+def test_a_link_handed_back_unchanged_keeps_its_series_beside_one_that_moved() -> None:
+    steady = LinkSample(gpu=0, link=1, up=True, errors={"crc_flit": 2}, ber={})
+    for openmetrics_format in (False, True):
+        page(node(steady, link(crc=5)), openmetrics_format)
+        moved = page(node(steady, link(crc=6)), openmetrics_format)
+        assert 'gpuwatchd_nvlink_errors_total{gpu="0",link="1",type="crc_flit"} 2.0' in moved
+        assert 'gpuwatchd_nvlink_errors_total{gpu="0",link="3",type="crc_flit"} 6.0' in moved
+        total = (
+            'gpuwatchd_gpu_nvlink_errors_total{gpu="0",model="H100",type="crc_flit",uuid="GPU-0"}'
+        )
+        assert f"{total} 8.0" in moved
+
+
+def test_a_derived_value_that_moved_is_on_the_next_page_and_one_that_did_not_stays() -> None:
+    def throttled(ratio: float) -> Snapshot:
+        measurements = tuple(
+            Measurement("gpu_throttle_ratio", {"gpu": str(index), "reason": "hw_slowdown"}, value)
+            for index, value in ((0, 0.25), (1, ratio))
+        )
+        return Snapshot(time=10.0, measurements=measurements)
+
+    for openmetrics_format in (False, True):
+        page(throttled(0.5), openmetrics_format)
+        moved = page(throttled(-0.0), openmetrics_format)
+        ratios = [line for line in moved.splitlines() if line.startswith("gpuwatchd_gpu_throttle")]
+        assert ratios == [
+            'gpuwatchd_gpu_throttle_ratio{gpu="0",reason="hw_slowdown"} 0.25',
+            'gpuwatchd_gpu_throttle_ratio{gpu="1",reason="hw_slowdown"} -0.0',
+        ]
+
+
+def test_a_derived_value_under_other_label_names_is_not_served_under_the_old_ones() -> None:
+    def ratio(label: str) -> Snapshot:
+        return Snapshot(time=10.0, measurements=(Measurement("test_ratio", {label: "0"}, 0.5),))
+
+    for openmetrics_format in (False, True):
+        page(ratio("gpu"), openmetrics_format)
+        assert 'gpuwatchd_test_ratio{port="0"} 0.5' in page(ratio("port"), openmetrics_format)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from gpuwatchd.config import Config
+from gpuwatchd.export.detail import Detail, ExportConfig
 from gpuwatchd.exporter import PRERENDER_SNAPSHOTS, RENDERERS, MetricsPage
 from gpuwatchd.snapshot import Snapshot
 
@@ -25,6 +28,17 @@ node: {gpus: 2, nvlinks: 2, hcas: 2}
 faults:
   - {at: 30s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}
   - {at: 30s, kind: thermal_throttle, gpu: 1}
+"""
+# Faults that move series of every kind between polls: ports' and links'
+# counters, a GPU's throttle, a link that goes down, AER counts.
+MOVING = """
+node: {gpus: 2, nvlinks: 2, hcas: 2}
+faults:
+  - {at: 30s, kind: ib_symbol_errors, hca: mlx5_1, port: 1, rate: 50/s}
+  - {at: 30s, kind: thermal_throttle, gpu: 1}
+  - {at: 20s, kind: nvlink_crc_storm, gpu: 0, link: 1, rate: 2000/s}
+  - {at: 40s, kind: nvlink_down, gpu: 1, link: 0}
+  - {at: 30s, kind: aer_errors, gpu: 0, severity: correctable, rate: 1/s}
 """
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 PROMETHEUS_ACCEPT = "text/plain;version=0.0.4"
@@ -75,6 +89,45 @@ def test_a_scrape_is_byte_identical_to_an_uncached_render_in_either_format(
             assert om_type.startswith("application/openmetrics-text")
             assert om.count(b"# EOF\n") == 1 and om.endswith(b"# EOF\n")
         assert b"gpuwatchd_canary_runs_total" in text and b"process_cpu_seconds_total" in text
+
+
+@pytest.mark.parametrize("detail", ["full", "compact"])
+def test_pages_rendered_poll_after_poll_equal_renders_that_hold_nothing(
+    tmp_path: Path, detail: Detail
+) -> None:
+    """The families and lines held from the poll before (and the samples a
+    source hands back unchanged) never show a stale value: each poll's page,
+    rendered after the last poll's as the daemon renders it, is byte for byte
+    that Snapshot's page rendered after an empty one, which holds nothing of it."""
+    procfs = fake_procfs(tmp_path / "proc")
+    config = replace(Config(), export=ExportConfig(detail=detail))
+    with simulated_daemon(MOVING, tmp_path, config, canary=True) as sim:
+        sim.run_until(10)
+        snapshots, pages = [], []
+        for _ in range(6):  # across the faults' start at 30 s
+            snapshot = sim.daemon.step()
+            sim.clock.advance(sim.daemon.config.daemon.poll_interval)
+            snapshots.append(snapshot)
+            pages.append(both_formats(snapshot, procfs))
+    assert pages[0] != pages[-1]
+    for snapshot, rendered in zip(snapshots, pages, strict=True):
+        both_formats(SNAPSHOT, procfs)
+        assert rendered == both_formats(snapshot, procfs)
+
+
+def both_formats(snapshot: Snapshot, procfs: str) -> tuple[bytes, ...]:
+    """`snapshot`'s page in OpenMetrics and in text, less the poll duration histogram's
+    creation time (each MetricsPage's own, the one line two pages differ by)."""
+    created = b"gpuwatchd_poll_duration_seconds_created"
+    page = MetricsPage(lambda: snapshot, procfs=procfs)
+    return tuple(
+        b"".join(
+            line
+            for line in page.render(accept)[0].splitlines(keepends=True)
+            if not line.startswith(created)
+        )
+        for accept in (OPENMETRICS_ACCEPT, "")
+    )
 
 
 def test_a_poll_replaces_the_cached_page(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import InfoMetricFamily, Metric
 
+from gpuwatchd.export.held import Held
 from gpuwatchd.model import GpuSample
 from gpuwatchd.snapshot import Snapshot
 
@@ -33,8 +34,8 @@ def _mode(value: bool | None) -> str:
     return "" if value is None else ("enabled" if value else "disabled")
 
 
-def _labels(gpu: GpuSample, driver: str | None) -> list[str]:
-    return [
+def _labels(gpu: GpuSample, driver: str | None) -> tuple[str, ...]:
+    return (
         str(gpu.index),
         gpu.uuid or "",
         gpu.name or "",
@@ -43,17 +44,26 @@ def _labels(gpu: GpuSample, driver: str | None) -> list[str]:
         _mode(gpu.ecc_enabled),
         _mode(gpu.persistence_enabled),
         _mode(gpu.mig_enabled),
-    ]
+    )
+
+
+Rows = tuple[tuple[str, ...], ...]  # each answering GPU's label values
+# Static facts: encoded again only when one changes.
+_HELD_INFO: Held[Rows] = Held()
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
+    rows = tuple(_labels(gpu, snapshot.driver_version) for gpu in snapshot.gpus if gpu.up)
+    yield from _HELD_INFO(rows, lambda: (_info(rows),))
+
+
+def _info(rows: Rows) -> InfoMetricFamily:
     info = InfoMetricFamily(
         "gpuwatchd_gpu_config",
         "The GPU's configuration: driver and VBIOS versions, ECC, persistence and MIG "
         "modes (enabled or disabled; empty where not reported).",
         labels=LABELS,
     )
-    for gpu in snapshot.gpus:
-        if gpu.up:
-            info.add_metric(_labels(gpu, snapshot.driver_version), {})
-    yield info
+    for labels in rows:
+        info.add_metric(labels, {})
+    return info

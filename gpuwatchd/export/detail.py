@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from gpuwatchd.model import Finding, Health, Severity, port_subject
+
+if TYPE_CHECKING:  # gpuwatchd.snapshot imports ExportConfig from here
+    from gpuwatchd.snapshot import Snapshot
 
 Detail = Literal["full", "compact"]
 CanaryCores = Literal["failed", "all"]
@@ -51,6 +54,26 @@ def troubled(health: Mapping[str, Health], findings: Collection[Finding]) -> fro
     flagged.update(f.subject for f in findings if f.severity is not Severity.OK)
     return frozenset(flagged)
 
+
+class _FlaggedOf:
+    """`troubled` of a Snapshot's health and findings, kept for the last
+    Snapshot: every exporter module of a render asks for it, and a Snapshot
+    never changes (the reference held keeps its id from being re-used)."""
+
+    def __init__(self) -> None:
+        # One attribute, swapped whole: renders in two threads see a Snapshot and its answer.
+        self._last: tuple[Snapshot, frozenset[str]] | None = None
+
+    def __call__(self, snapshot: Snapshot) -> frozenset[str]:
+        last = self._last
+        if last is not None and last[0] is snapshot:
+            return last[1]
+        flagged = troubled(snapshot.health, snapshot.findings)
+        self._last = (snapshot, flagged)
+        return flagged
+
+
+flagged_of = _FlaggedOf()
 
 SubjectOf = Callable[[Sample], str | None]
 

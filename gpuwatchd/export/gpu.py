@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.export.detail import ExportConfig, compacted, gpu_subject, link_subject, troubled
-from gpuwatchd.export.held import Held, exact, held_series
+from gpuwatchd.export.detail import ExportConfig, compacted, flagged_of, gpu_subject, link_subject
+from gpuwatchd.export.held import Held, bits, held_series
 from gpuwatchd.model import (
     CLOCKS_EVENT_REASONS,
     ECC_SCOPES,
@@ -72,24 +72,28 @@ def _gpu_labels(gpu: GpuSample) -> tuple[str, ...]:
     return (str(gpu.index), gpu.uuid or "", gpu.name or "")
 
 
+# A GPU's label values, made once a render for its many families, and its sample.
+Board = tuple[tuple[str, ...], GpuSample]
+
+
 def _gauge(
-    name: str, documentation: str, gpus: Sequence[GpuSample], getter: Getter, unit: str = ""
+    name: str, documentation: str, boards: Sequence[Board], getter: Getter, unit: str = ""
 ) -> Metric:
     series = [
-        (_gpu_labels(gpu), float(value)) for gpu in gpus if (value := getter(gpu)) is not None
+        (labels, float(value)) for labels, gpu in boards if (value := getter(gpu)) is not None
     ]
     return held_series(GaugeMetricFamily(name, documentation, labels=GPU_LABELS, unit=unit), series)
 
 
 def _by_label(
     family: GaugeMetricFamily | CounterMetricFamily,
-    gpus: Sequence[GpuSample],
+    boards: Sequence[Board],
     values: Callable[[GpuSample], Iterable[tuple[str | tuple[str, ...], Value]]],
 ) -> Metric:
     """A family whose series add labels (sensor, clock, reason...) to the GPU's."""
     series = [
-        ((*_gpu_labels(gpu), *((extra,) if isinstance(extra, str) else extra)), float(value))
-        for gpu in gpus
+        ((*labels, *((extra,) if isinstance(extra, str) else extra)), float(value))
+        for labels, gpu in boards
         for extra, value in values(gpu)
         if value is not None
     ]
@@ -217,14 +221,14 @@ _SCALARS: tuple[tuple[str, str, Getter, str], ...] = (
 )
 
 
-def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
+def _gpu_families(boards: Sequence[Board]) -> Iterator[Metric]:
     yield _by_label(
         GaugeMetricFamily(
             "gpuwatchd_gpu_temperature_celsius",
             "GPU die (sensor=gpu) and HBM (sensor=memory) temperature in degrees Celsius.",
             labels=(*GPU_LABELS, "sensor"),
         ),
-        gpus,
+        boards,
         lambda g: (("gpu", g.temperature_gpu_celsius), ("memory", g.temperature_memory_celsius)),
     )
     yield _by_label(
@@ -234,7 +238,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "operating temperature (threshold=memory_max), in degrees Celsius.",
             labels=(*GPU_LABELS, "threshold"),
         ),
-        gpus,
+        boards,
         lambda g: (
             ("slowdown", g.temperature_slowdown_celsius),
             ("shutdown", g.temperature_shutdown_celsius),
@@ -247,7 +251,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Current SM and memory clock in hertz.",
             labels=(*GPU_LABELS, "clock"),
         ),
-        gpus,
+        boards,
         lambda g: (("sm", g.sm_clock_hertz), ("memory", g.memory_clock_hertz)),
     )
     yield _by_label(
@@ -256,7 +260,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Maximum SM and memory clock in hertz.",
             labels=(*GPU_LABELS, "clock"),
         ),
-        gpus,
+        boards,
         lambda g: (("sm", g.sm_max_clock_hertz), ("memory", g.memory_max_clock_hertz)),
     )
     yield _by_label(
@@ -265,7 +269,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Application (target) SM and memory clock in hertz.",
             labels=(*GPU_LABELS, "clock"),
         ),
-        gpus,
+        boards,
         lambda g: (
             ("sm", g.sm_application_clock_hertz),
             ("memory", g.memory_application_clock_hertz),
@@ -277,7 +281,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "1 while the clocks-event (throttle) reason is active at the instant of the poll.",
             labels=(*GPU_LABELS, "reason"),
         ),
-        gpus,
+        boards,
         lambda g: ((reason, g.reason_active(reason)) for reason in CLOCKS_EVENT_REASONS),
     )
     yield _by_label(
@@ -286,7 +290,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Cumulative time the GPU's clocks were held down, by cause (NVML violation time).",
             labels=(*GPU_LABELS, "reason"),
         ),
-        gpus,
+        boards,
         lambda g: ((reason, g.throttle_seconds.get(reason)) for reason in THROTTLE_REASONS),
     )
     yield _by_label(
@@ -295,7 +299,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Memory ECC errors by type, since the last reset (volatile) or ever (aggregate).",
             labels=(*GPU_LABELS, "type", "scope"),
         ),
-        gpus,
+        boards,
         lambda g: (
             ((kind, scope), g.ecc_errors.get((kind, scope)))
             for kind in ECC_TYPES
@@ -310,7 +314,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "nvmlDeviceGetMemoryInfo_v2, used includes the reservation and reserved is absent.",
             labels=(*GPU_LABELS, "state"),
         ),
-        gpus,
+        boards,
         lambda g: (
             ("used", g.memory_used_bytes),
             ("free", g.memory_free_bytes),
@@ -324,7 +328,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Energy the GPU drew since the driver was loaded, in joules.",
             labels=GPU_LABELS,
         ),
-        gpus,
+        boards,
         lambda g: [((), g.energy_joules)],
     )
     yield _by_label(
@@ -333,7 +337,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "PCIe replays of the GPU's link (NVML's 32-bit replay counter).",
             labels=GPU_LABELS,
         ),
-        gpus,
+        boards,
         lambda g: [((), g.pcie_replays)],
     )
     yield _by_label(
@@ -342,7 +346,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Rows of device memory remapped to spares, by the cause of the remap.",
             labels=(*GPU_LABELS, "cause"),
         ),
-        gpus,
+        boards,
         lambda g: (
             ("correctable", g.remapped_rows_correctable),
             ("uncorrectable", g.remapped_rows_uncorrectable),
@@ -354,7 +358,7 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Memory banks by the spare rows they have left (max: all, none: no remap possible).",
             labels=(*GPU_LABELS, "availability"),
         ),
-        gpus,
+        boards,
         lambda g: g.row_remapper_banks.items(),
     )
     yield _by_label(
@@ -363,11 +367,11 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             "Pages of device memory retired (pre-Ampere page retirement), by cause.",
             labels=(*GPU_LABELS, "cause"),
         ),
-        gpus,
+        boards,
         lambda g: g.retired_pages.items(),
     )
     for name, documentation, getter, unit in _SCALARS:
-        yield _gauge(name, documentation, gpus, getter, unit)
+        yield _gauge(name, documentation, boards, getter, unit)
 
 
 def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
@@ -386,27 +390,31 @@ def _link_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
         "NVLink5 bit error rate as the driver reports it: effective (after FEC) or symbol.",
         labels=("gpu", "link", "type"),
     )
+    ups: list[tuple[tuple[str, ...], float]] = []
+    counts: list[tuple[tuple[str, ...], float]] = []
+    rates: list[tuple[tuple[str, ...], float]] = []
     for gpu in gpus:
         for link in gpu.nvlinks:
-            labels = [str(link.gpu), str(link.link)]
+            labels = (str(link.gpu), str(link.link))
             if link.up is not None:
-                up.add_metric(labels, float(link.up))
+                ups.append((labels, float(link.up)))
             for kind in NVLINK_ERROR_TYPES:
                 count = link.errors.get(kind)
                 if count is not None:
-                    errors.add_metric([*labels, kind], float(count))
+                    counts.append(((*labels, kind), float(count)))
             for kind in NVLINK_BER_TYPES:
                 rate = link.ber.get(kind)
                 if rate is not None:
-                    ber.add_metric([*labels, kind], rate)
-    yield up
-    yield errors
-    yield ber
+                    rates.append(((*labels, kind), rate))
+    # Held by series too: rebuilt for one link's moved counter, the others'
+    # lines are written from their kept prefixes.
+    yield held_series(up, ups)
+    yield held_series(errors, counts)
+    yield held_series(ber, rates)
 
 
-LinkKey = tuple[
-    int, int, bool | None, tuple[tuple[str, int], ...], tuple[tuple[str, float | str], ...]
-]
+# A link's GPU, number, state, error counts, and its bit error rates' types and bits.
+LinkKey = tuple[int, int, bool | None, tuple[tuple[str, int], ...], tuple[str, ...], bytes]
 # What a node's links show: each GPU's labels and its links' readings.
 LinksKey = tuple[tuple[tuple[str, ...], tuple[LinkKey, ...]], ...]
 # A node's per-link series are most of its page, and a link's counters stand
@@ -416,14 +424,36 @@ _HELD_LINKS: Held[tuple[frozenset[str] | None, LinksKey]] = Held()
 _HELD_LINK_TOTALS: Held[LinksKey] = Held()
 
 
-def _links_key(gpus: Sequence[GpuSample]) -> LinksKey:
-    return tuple((_gpu_labels(gpu), tuple(_link_key(link) for link in gpu.nvlinks)) for gpu in gpus)
+class _LinkKeys:
+    """`_link_key` of each link, kept for the links of the last call: a link
+    that is the very sample it was then (a source hands back a reading that
+    did not change) is not read again."""
+
+    def __init__(self) -> None:
+        # One attribute, swapped whole: id -> the link (kept, so that its id is not re-used), key.
+        self._last: dict[int, tuple[LinkSample, LinkKey]] = {}
+
+    def __call__(self, gpus: Sequence[GpuSample]) -> LinksKey:
+        last, keys = self._last, {}
+        for gpu in gpus:
+            for link in gpu.nvlinks:
+                kept = last.get(id(link))
+                if kept is None or kept[0] is not link:
+                    kept = (link, _link_key(link))
+                keys[id(link)] = kept
+        self._last = keys
+        return tuple(
+            (_gpu_labels(gpu), tuple(keys[id(link)][1] for link in gpu.nvlinks)) for gpu in gpus
+        )
+
+
+_links_key = _LinkKeys()
 
 
 def _link_key(link: LinkSample) -> LinkKey:
     """Every value of `link` its series are made of."""
-    ber = tuple((kind, exact(rate)) for kind, rate in link.ber.items())
-    return (link.gpu, link.link, link.up, tuple(link.errors.items()), ber)
+    errors = tuple(link.errors.items())
+    return (link.gpu, link.link, link.up, errors, tuple(link.ber), bits(link.ber.values()))
 
 
 def _held_links(
@@ -466,18 +496,16 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "gpuwatchd_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", labels=GPU_LABELS
     )
-    for gpu in snapshot.gpus:
-        up.add_metric(_gpu_labels(gpu), float(gpu.up))
-    yield up
-    answering = [gpu for gpu in snapshot.gpus if gpu.up]
+    boards = [(_gpu_labels(gpu), gpu) for gpu in snapshot.gpus]
+    yield held_series(up, [(labels, float(gpu.up)) for labels, gpu in boards])
+    answering = [(labels, gpu) for labels, gpu in boards if gpu.up]
     export = snapshot.export
-    flagged = troubled(snapshot.health, snapshot.findings)
+    flagged = flagged_of(snapshot)
     yield from compacted(
         _gpu_families(answering), export, flagged, gpu_subject, COMPACT_GPU_FAMILIES
     )
-    yield from _held_links(answering, export, flagged)
+    yield from _held_links([gpu for _, gpu in answering], export, flagged)
     # A lost GPU's XIDs (79 among them) still count; everything else about it is unknown.
-    gpus = snapshot.gpus
     yield _by_label(
         CounterMetricFamily(
             "gpuwatchd_gpu_xid_errors",
@@ -486,6 +514,6 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
             "where the kernel log cannot be read).",
             labels=(*GPU_LABELS, "xid"),
         ),
-        gpus,
+        boards,
         lambda g: ((str(code), count) for code, count in sorted(g.xid_counts.items())),
     )

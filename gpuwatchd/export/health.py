@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuwatchd.export.detail import measurement_subject, only_for, troubled
-from gpuwatchd.export.held import Held
+from gpuwatchd.export.detail import flagged_of, measurement_subject, only_for
+from gpuwatchd.export.held import Held, held_series
 from gpuwatchd.model import Health, Measurement, Quarantine, Severity
 from gpuwatchd.policy import AUTO, NODE
 from gpuwatchd.snapshot import Snapshot
@@ -52,7 +52,7 @@ MEASUREMENT_HELP = {
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:
-    flagged = troubled(snapshot.health, snapshot.findings)
+    flagged = flagged_of(snapshot)
     if snapshot.export.compact:
         yield _health_state_id(snapshot, flagged)
         yield _node_health_state_id(snapshot)
@@ -168,7 +168,7 @@ def _quarantines(
     return family
 
 
-def _measurements(measurements: Sequence[Measurement]) -> Iterator[GaugeMetricFamily]:
+def _measurements(measurements: Sequence[Measurement]) -> Iterator[Metric]:
     by_name: dict[str, list[Measurement]] = defaultdict(list)
     for measurement in measurements:
         by_name[measurement.name].append(measurement)
@@ -183,6 +183,6 @@ def _measurements(measurements: Sequence[Measurement]) -> Iterator[GaugeMetricFa
             MEASUREMENT_HELP.get(name, "A value derived by one of gpuwatchd's checks."),
             labels=label_names,
         )
-        for values, value in sorted(series.items()):
-            family.add_metric(list(values), value)
-        yield family
+        # The checks' values move (and many stand still) poll by poll: encoded
+        # again only when one moved, as the readings' families are.
+        yield held_series(family, sorted(series.items()), tuple(label_names))

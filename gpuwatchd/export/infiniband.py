@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwatchd.export.detail import compacted, sample_port_subject, troubled
+from gpuwatchd.export.detail import compacted, flagged_of, sample_port_subject
 from gpuwatchd.export.held import held_series
 from gpuwatchd.model import InfinibandDevice, PortSample
 from gpuwatchd.snapshot import Snapshot
@@ -179,27 +179,33 @@ def _port_labels(port: PortSample) -> tuple[str, ...]:
     return (port.device, str(port.port))
 
 
-def _info(devices: Sequence[InfinibandDevice]) -> GaugeMetricFamily:
+def _info(devices: Sequence[InfinibandDevice]) -> Metric:
     family = GaugeMetricFamily(
         PREFIX + "info",
         "Non-numeric data from /sys/class/infiniband/<device>, value is always 1.",
         labels=("device", "board_id", "firmware_version", "hca_type"),
     )
-    for device in devices:
-        # A label cannot be absent from one series of a family; an empty value
-        # is what Prometheus treats as no label, and what node_exporter writes.
-        facts = (device.board_id, device.firmware_version, device.hca_type)
-        family.add_metric([device.device, *(fact or "" for fact in facts)], 1.0)
-    return family
+    return held_series(family, [(_facts(device), 1.0) for device in devices])
 
 
-def _gauges(ports: Sequence[PortSample]) -> Iterator[Metric]:
+def _facts(device: InfinibandDevice) -> tuple[str, ...]:
+    # A label cannot be absent from one series of a family; an empty value
+    # is what Prometheus treats as no label, and what node_exporter writes.
+    facts = (device.board_id, device.firmware_version, device.hca_type)
+    return (device.device, *(fact or "" for fact in facts))
+
+
+# A port's label values, made once a render for its many families, and its sample.
+Port = tuple[tuple[str, ...], PortSample]
+
+
+def _gauges(ports: Sequence[Port]) -> Iterator[Metric]:
     for name, documentation, value in PORT_GAUGES:
         family = GaugeMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
         yield _per_port(family, ports, value)
 
 
-def _counters(ports: Sequence[PortSample]) -> Iterator[Metric]:
+def _counters(ports: Sequence[Port]) -> Iterator[Metric]:
     for file, (name, documentation) in COUNTER_METRICS.items():
         family = CounterMetricFamily(PREFIX + name, documentation, labels=PORT_LABELS)
         yield _per_port(family, ports, _counter(file))
@@ -210,24 +216,24 @@ def _counter(file: str) -> PortValue:
 
 
 def _per_port(
-    family: GaugeMetricFamily | CounterMetricFamily, ports: Sequence[PortSample], value: PortValue
+    family: GaugeMetricFamily | CounterMetricFamily, ports: Sequence[Port], value: PortValue
 ) -> Metric:
     """`family` with a series a port that has a reading. A port's error
     counters stand still until it errs: the family is encoded again only when
     one of its series changed (gpuwatchd.export.held)."""
-    readings = ((_port_labels(port), value(port)) for port in ports)
+    readings = ((labels, value(port)) for labels, port in ports)
     return held_series(family, [(labels, float(r)) for labels, r in readings if r is not None])
 
 
-def _hw_counters(ports: Sequence[PortSample]) -> Metric:
+def _hw_counters(ports: Sequence[Port]) -> Metric:
     family = CounterMetricFamily(
         PREFIX + "hw_counters_total",
         "Driver-specific hardware counter of the port, named by its file under hw_counters/.",
         labels=(*PORT_LABELS, "counter"),
     )
     series = [
-        ((*_port_labels(port), counter), float(reading))
-        for port in ports
+        ((*labels, counter), float(reading))
+        for labels, port in ports
         for counter, reading in sorted(port.hw_counters.items())
         if counter not in NOT_HW_COUNTERS
     ]
@@ -236,8 +242,8 @@ def _hw_counters(ports: Sequence[PortSample]) -> Metric:
 
 def families(snapshot: Snapshot) -> list[Metric]:
     """Every InfiniBand family that has at least one series in the snapshot."""
-    ports = snapshot.ports
-    flagged = troubled(snapshot.health, snapshot.findings)
+    ports = [(_port_labels(port), port) for port in snapshot.ports]
+    flagged = flagged_of(snapshot)
     rendered: list[Metric] = [
         _info(snapshot.infiniband_devices),
         *compacted(
