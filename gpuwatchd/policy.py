@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -185,6 +185,8 @@ def absent(subject: str) -> bool:
     return _ABSENT.match(subject) is not None
 
 
+# A node's subjects are the same poll after poll: each is matched once.
+@lru_cache(maxsize=4096)
 def gpu_of(subject: str) -> int | None:
     """The GPU index a `gpu:` or `nvlink:` subject belongs to (None for a
     board no longer on the node)."""
