@@ -22,10 +22,9 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import fields
-from itertools import compress, count, repeat
-from operator import attrgetter, is_not, ne, or_
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -120,27 +119,6 @@ def _kind_of(value: object) -> type:
 _UNSEEN = object()
 
 
-def _differs(values: Collection[object], last: Collection[object]) -> Iterator[bool]:
-    """Position by position, whether `values` hold another type or another
-    value than `last` (compared in C, without a Python call per value)."""
-    types_differ = map(is_not, map(type, values), map(type, last))
-    return map(or_, types_differ, map(ne, values, last))
-
-
-def _changed(values: Sequence[object], last: Sequence[object]) -> Iterator[int]:
-    """The positions where `values` differ from `last` (`_differs`)."""
-    return compress(count(), _differs(values, last))
-
-
-def _changed_keys(value: Mapping[Hashable, object], before: object) -> Iterable[Hashable]:
-    """The keys of `value` whose item differs from `before`'s (`_differs`)."""
-    keys = tuple(value)
-    if not isinstance(before, Mapping):
-        return keys
-    held = list(map(before.get, keys, repeat(_UNSEEN)))
-    return compress(keys, _differs(value.values(), held))
-
-
 def _key(key: Hashable) -> Hashable:
     return sys.intern(key) if isinstance(key, str) else key
 
@@ -171,51 +149,30 @@ class SampleColumns(Generic[T]):
         self._present: dict[str, dict[Any, Runs]] = {}
         # The last value put of each field: the same object again costs nothing.
         self._last: list[object] = [_UNSEEN] * len(self._names)
-        # The positions of the fields that hold mappings or nested samples.
-        self._containers = {
-            position for position, name in enumerate(self._names) if name in self._nested_kinds
-        }
 
     def put(self, seq: int, sample: T) -> None:
-        values = self._fields(sample)
         last = self._last
-        # Most fields hold what they held in the last sample; those that do
-        # not are found in C. A mapping (or tuple of samples) that compares
-        # equal may still hold a value of another type (1.0 after 1), which
-        # its Runs keep, so containers are looked into whenever not the same.
-        containers = self._containers
-        for field in _changed(values, last):
-            if field not in containers:
-                self._put_field(seq, field, values[field])
-        for field in containers:
-            if last[field] is not values[field]:
-                self._put_field(seq, field, values[field])
+        for field, (name, value) in enumerate(zip(self._names, self._fields(sample), strict=True)):
+            if last[field] is value:
+                continue
+            last[field] = value
+            if name in self._nested_kinds:
+                self._put_nested(seq, name, value)
+            elif isinstance(value, Mapping):
+                self._put_mapping(seq, name, value)
+            else:
+                runs = self._scalars.get(name)
+                if runs is None:
+                    runs = self._scalars[name] = Runs()
+                runs.put(seq, value)
 
-    def _put_field(self, seq: int, field: int, value: object) -> None:
-        name = self._names[field]
-        before, self._last[field] = self._last[field], value
-        if name in self._nested_kinds:
-            self._put_nested(seq, name, value)  # type: ignore[arg-type]
-        elif isinstance(value, Mapping):
-            self._containers.add(field)
-            self._put_mapping(seq, name, value, before)
-        else:
-            runs = self._scalars.get(name)
-            if runs is None:
-                runs = self._scalars[name] = Runs()
-            runs.put(seq, value)
-
-    def _put_mapping(
-        self, seq: int, name: str, value: Mapping[Hashable, object], before: object
-    ) -> None:
-        """`value` from `seq` on. `before`, the value put last, tells which
-        keys hold what they held: their Runs need no look."""
+    def _put_mapping(self, seq: int, name: str, value: Mapping[Hashable, object]) -> None:
         columns = self._mappings.setdefault(name, {})
-        for key in _changed_keys(value, before):
+        for key, item in value.items():
             runs = columns.get(key)
             if runs is None:
                 runs = columns[_key(key)] = Runs()
-            runs.put(seq, value[key])
+            runs.put(seq, item)
         if len(columns) != len(value):
             for key, runs in columns.items():
                 if key not in value:
