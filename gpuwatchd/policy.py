@@ -29,7 +29,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -185,6 +185,8 @@ def absent(subject: str) -> bool:
     return _ABSENT.match(subject) is not None
 
 
+# A node's subjects are the same poll after poll: each is matched once.
+@lru_cache(maxsize=4096)
 def gpu_of(subject: str) -> int | None:
     """The GPU index a `gpu:` or `nvlink:` subject belongs to (None for a
     board no longer on the node)."""
@@ -230,10 +232,22 @@ def evaluate(
         | quarantines.keys()
         | {s.subject for s in prior.subjects if s.health is not Health.HEALTHY}
     )
+    # Most subjects, most polls: healthy, quiet and without a quarantine. Their
+    # state stays as it is whatever the time, so they need no judging.
+    resting = [
+        state
+        for name in names
+        if name != NODE
+        and name not in found
+        and name not in quarantines
+        and (state := prior.subject(name)) is not None
+        and _resting(state)
+    ]
+    rested = {state.subject for state in resting}
     tracked = {
         name: _track(prior.subject(name), name, found.get(name, {}), now)
         for name in names
-        if name != NODE
+        if name != NODE and name not in rested
     }
     decisions: list[Decision] = []
     for name, state in tracked.items():
@@ -245,6 +259,7 @@ def evaluate(
     states, node_health = _settle_all(
         prior, tracked, node, found, quarantines, observed, now, config, blind
     )
+    states.extend(state for state in resting if state.subject in observed)
     new_state = PolicyState(
         subjects=tuple(sorted(states, key=lambda s: s.subject)),
         quarantines=tuple(quarantines[name] for name in sorted(quarantines)),
@@ -448,9 +463,7 @@ def _track(
 ) -> SubjectState:
     """The streaks and findings of this poll; health is settled later."""
     before = prev or SubjectState(subject=name, since=now)
-    if not found and not (
-        before.bad_since or before.critical_since or before.findings or before.acknowledged
-    ):
+    if not found and _settled_quiet(before):
         # Quiet, and quiet last poll: the state is the same (most subjects, most polls).
         return before
     # An acknowledgement lasts as long as its finding.
@@ -471,6 +484,18 @@ def _track(
         findings=tuple((check, code, f.severity) for (check, code), f in sorted(found.items())),
         acknowledged=acknowledged,
     )
+
+
+def _settled_quiet(state: SubjectState) -> bool:
+    """Whether the subject's last poll was quiet and ended every streak."""
+    return not (state.bad_since or state.critical_since or state.findings or state.acknowledged)
+
+
+def _resting(state: SubjectState) -> bool:
+    """Whether a poll without findings, for a subject without a quarantine,
+    leaves `state` as it is (`_track` and `_settle` at any time): healthy,
+    and nothing to end or recover from."""
+    return state.health is Health.HEALTHY and _settled_quiet(state)
 
 
 def _wanted(

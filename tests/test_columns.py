@@ -94,3 +94,20 @@ def test_a_replaced_sample_is_taken_back_and_what_is_dropped_is_forgotten() -> N
     assert [runs.at(seq) for seq in range(4)] == [1, 1, 2, 2]
     runs.forget_before(3)
     assert runs.at(3) == 2 and len(runs._starts) == 1
+
+
+def test_equal_values_of_another_type_are_kept_as_put_in_fields_and_mappings() -> None:
+    # 1, 1.0 and True compare equal; a sample read back must hold what was put.
+    values: list[object] = [1, 1.0, True, 1, 1, 1.0]
+    recorded = [
+        PortSample(device="mlx5_0", port=1, state_id=v, counters={"a": v, "b": 7}) for v in values
+    ]
+    columns = SampleColumns(PortSample)
+    for seq, sample in enumerate(recorded):
+        columns.put(seq, sample)
+    columns.forget_from(5)
+    columns.put(5, recorded[5])
+    read = [columns.at(seq) for seq in range(len(values))]
+    assert read == recorded
+    assert [type(sample.state_id) for sample in read] == [type(v) for v in values]
+    assert [type(sample.counters["a"]) for sample in read] == [type(v) for v in values]

@@ -3,6 +3,7 @@ boots and their XIDs, samples across a restart, and databases that cannot be use
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -248,6 +249,38 @@ def test_each_poll_saves_its_own_links_and_subjects_when_the_last_polls_are_reus
     poll(store, [remap_failure("gpu:0")], T0 + 30)
     state = poll(store, [], T0 + 40)
     assert store.load_state().subjects == state.subjects
+
+
+def test_each_poll_saves_its_pcie_functions_and_xid_counts_as_they_are_now(store: Store) -> None:
+    # Equal samples are written without encoding them again; one that changed,
+    # even to an equal value of another type, is written as it is now.
+    def function(fatal: object) -> PcieFunctionSample:
+        errors = {"correctable": 2, "nonfatal": 0, "fatal": fatal}
+        return PcieFunctionSample("0000:18:00.0", "gpu", aer_errors=errors, link_width=16)
+
+    def saved() -> tuple[object, object]:
+        with sqlite3.connect(store.path) as db:
+            rows = dict(db.execute("SELECT subject, data FROM last_samples").fetchall())
+        return json.loads(rows["pcie:0000:18:00.0"]), json.loads(rows["GPU-0000"])["xid_counts"]
+
+    counts = {79: 1}
+    polls = [
+        (function(0), counts),
+        (function(0), counts),
+        (function(1), {79: 2}),
+        (function(True), {}),
+    ]
+    for seconds, (sample, xid_counts) in enumerate(polls):
+        now = T0 + 10 * seconds
+        readings = (
+            Reading("pcie", now, pcie_functions=(sample,)),
+            Reading("nvml", now, gpus=(gpu(0, xid_counts=xid_counts),)),
+        )
+        poll(store, [], now, readings)
+        pcie, xids = saved()
+        assert pcie["aer_errors"] == dict(sample.aer_errors)
+        assert type(pcie["aer_errors"]["fatal"]) is type(sample.aer_errors["fatal"])
+        assert xids == [[code, n] for code, n in xid_counts.items()]
 
 
 def test_rates_are_right_across_a_restart(state_dir: str) -> None:

@@ -71,31 +71,36 @@ def record_xids(
     known if new)."""
     db.execute("INSERT OR IGNORE INTO boots (boot_id, first_seen) VALUES (?, ?)", (boot_id, now))
     for reading in readings:
-        db.executemany(
-            """
-            INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
-            VALUES (?, ?, ?, ?, ?, ?, 1)
-            ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
-                last_time = MAX(last_time, excluded.last_time),
-                count = count + 1,
-                gpu = excluded.gpu
-            """,
-            [
-                (boot_id, event.uuid, event.code, event.gpu, event.time, event.time)
-                for event in reading.xid_events
-                if event.uuid
-            ],
-        )
-        db.executemany(
-            """
-            INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
-            VALUES (?, ?, ?, ?, ?, ?, 1)
-            ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
-                last_time = MAX(last_time, excluded.last_time)
-            """,
-            [
-                (boot_id, gpu.uuid, FALLEN_OFF_BUS, gpu.index, reading.time, reading.time)
-                for gpu in reading.gpus or ()
-                if not gpu.up and gpu.uuid
-            ],
-        )
+        events = [
+            (boot_id, event.uuid, event.code, event.gpu, event.time, event.time)
+            for event in reading.xid_events
+            if event.uuid
+        ]
+        lost = [
+            (boot_id, gpu.uuid, FALLEN_OFF_BUS, gpu.index, reading.time, reading.time)
+            for gpu in reading.gpus or ()
+            if not gpu.up and gpu.uuid
+        ]
+        # Most polls have neither: no statement is run for nothing.
+        if events:
+            db.executemany(
+                """
+                INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
+                VALUES (?, ?, ?, ?, ?, ?, 1)
+                ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
+                    last_time = MAX(last_time, excluded.last_time),
+                    count = count + 1,
+                    gpu = excluded.gpu
+                """,
+                events,
+            )
+        if lost:
+            db.executemany(
+                """
+                INSERT INTO boot_xids (boot_id, uuid, code, gpu, first_time, last_time, count)
+                VALUES (?, ?, ?, ?, ?, ?, 1)
+                ON CONFLICT (boot_id, uuid, code) DO UPDATE SET
+                    last_time = MAX(last_time, excluded.last_time)
+                """,
+                lost,
+            )

@@ -17,6 +17,7 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
+from operator import attrgetter
 from typing import Any
 
 from gpuwatchd.model import (
@@ -93,27 +94,39 @@ class LastSamples:
 
 
 class SampleTexts:
-    """How samples become the JSON kept of them, remembering each GPU's
-    links as last written (by UUID): the NVML source hands over the last
-    poll's tuple of links where none changed (most polls), and the links are
-    most of a GPU's text. Keyed by the tuple itself (frozen, and held here,
-    so never another's)."""
+    """How samples become the JSON kept of them, remembering what each text
+    was made of: the NVML source hands over the last poll's tuple of links
+    (and mappings) where none changed, and a PCIe function's sample is most
+    polls equal to the last one. Keyed by the objects themselves (frozen, and
+    held here, so never another's), or by a sample that `_same_json` says is
+    written the same."""
 
     def __init__(self) -> None:
         self._links: dict[str, tuple[tuple[LinkSample, ...], str]] = {}
+        self._xid_counts: dict[str, tuple[Mapping[int, int], str]] = {}
+        self._functions: dict[str, tuple[tuple[object, ...], str]] = {}
 
     def gpu(self, sample: GpuSample, uuid: str) -> str:
         """A GpuSample as JSON: mappings with tuple or int keys become lists;
         the links and the XID counts (the last fields) after the others, the
-        links' text as remembered."""
-        data = {name: getattr(sample, name) for name in _GPU_FIELDS_BEFORE_LINKS}
+        links' and counts' text as remembered."""
+        data = dict(zip(_GPU_FIELDS_BEFORE_LINKS, _gpu_fields_before_links(sample), strict=True))
         data["throttle_seconds"] = dict(sample.throttle_seconds)
         data["ecc_errors"] = [[kind, scope, n] for (kind, scope), n in sample.ecc_errors.items()]
         data["retired_pages"] = dict(sample.retired_pages)
         head = json.dumps(data)[:-1]
         links = self._links_text(uuid, sample.nvlinks)
-        xid_counts = json.dumps([[code, n] for code, n in sample.xid_counts.items()])
+        xid_counts = self._xid_counts_text(uuid, sample.xid_counts)
         return f'{head}, "nvlinks": {links}, "xid_counts": {xid_counts}}}'
+
+    def pcie(self, sample: PcieFunctionSample) -> str:
+        values = _pcie_fields(sample)
+        last = self._functions.get(sample.address)
+        if last is not None and _same_json(last[0], values):
+            return last[1]
+        text = json.dumps(_encode_pcie(sample))
+        self._functions[sample.address] = (values, text)
+        return text
 
     def _links_text(self, uuid: str, links: tuple[LinkSample, ...]) -> str:
         last = self._links.get(uuid)
@@ -133,23 +146,49 @@ class SampleTexts:
         self._links[uuid] = (links, text)
         return text
 
+    def _xid_counts_text(self, uuid: str, counts: Mapping[int, int]) -> str:
+        last = self._xid_counts.get(uuid)
+        if last is not None and last[0] is counts:
+            return last[1]
+        text = json.dumps([[code, n] for code, n in counts.items()])
+        self._xid_counts[uuid] = (counts, text)
+        return text
+
+
+def _same_json(a: object, b: object) -> bool:
+    """Whether `b` is written in JSON as `a` is: the same object, or an equal
+    one of the same type whose items (a mapping's keys in the same order) are
+    so too. A float only as the same object: -0.0 equals 0.0 but is written
+    otherwise."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or isinstance(a, float) or a != b:
+        return False
+    if isinstance(a, Mapping):
+        assert isinstance(b, Mapping)
+        return tuple(a) == tuple(b) and all(map(_same_json, a.values(), b.values()))
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        return all(map(_same_json, a, b))
+    return True
+
 
 def record_samples(db: sqlite3.Connection, readings: Iterable[Reading], texts: SampleTexts) -> None:
     readings = tuple(readings)
-    # One statement for all rows of a kind: sqlite prepares it once.
+    # One statement for all rows of a kind.
     db.executemany(
-        "INSERT OR REPLACE INTO last_samples VALUES (?, 'gpu', ?, ?)",
+        _SAVE,
         [
-            (gpu.uuid, reading.time, texts.gpu(gpu, gpu.uuid))
+            (gpu.uuid, "gpu", reading.time, texts.gpu(gpu, gpu.uuid))
             for reading in readings
             for gpu in reading.gpus or ()
             if gpu.uuid
         ],
     )
     db.executemany(
-        "INSERT OR REPLACE INTO last_samples VALUES (?, 'port', ?, ?)",
+        _SAVE,
         [
-            (port.subject, reading.time, json.dumps(_encode_port(port)))
+            (port.subject, "port", reading.time, json.dumps(_encode_port(port)))
             for reading in readings
             for port in reading.ports or ()
         ],
@@ -157,13 +196,21 @@ def record_samples(db: sqlite3.Connection, readings: Iterable[Reading], texts: S
     # The AER counters' baseline: an error while the daemon was down
     # still shows as growth after it starts.
     db.executemany(
-        "INSERT OR REPLACE INTO last_samples VALUES (?, 'pcie', ?, ?)",
+        _SAVE,
         [
-            (f"pcie:{function.address}", reading.time, json.dumps(_encode_pcie(function)))
+            (f"pcie:{function.address}", "pcie", reading.time, texts.pcie(function))
             for reading in readings
             for function in reading.pcie_functions or ()
         ],
     )
+
+
+# A subject's row, made or changed in place (cheaper in sqlite than the
+# delete and insert of INSERT OR REPLACE, to the same row).
+_SAVE = (
+    "INSERT INTO last_samples VALUES (?, ?, ?, ?) ON CONFLICT (subject)"
+    " DO UPDATE SET kind = excluded.kind, time = excluded.time, data = excluded.data"
+)
 
 
 # Field names in their order, found once: dataclasses.fields() costs as
@@ -172,6 +219,8 @@ _GPU_FIELDS = tuple(f.name for f in fields(GpuSample))
 _PORT_FIELDS = tuple(f.name for f in fields(PortSample))
 _PCIE_FIELDS = tuple(f.name for f in fields(PcieFunctionSample))
 _GPU_FIELDS_BEFORE_LINKS = tuple(f for f in _GPU_FIELDS if f not in ("nvlinks", "xid_counts"))
+_gpu_fields_before_links = attrgetter(*_GPU_FIELDS_BEFORE_LINKS)
+_pcie_fields = attrgetter(*_PCIE_FIELDS)
 
 
 def _decode_gpu(data: Mapping[str, Any]) -> GpuSample:
