@@ -191,7 +191,6 @@ def run(
             continue
         track = history.gpu_track(index)
         first = track.at_or_before(now - config.window * config.storm_windows)
-        recent = track.tail(first)
         window = [
             (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.read
         ]
@@ -201,14 +200,19 @@ def run(
         # grew by nothing in any window: nothing to judge. One mark over all
         # the links says so for a healthy GPU at one comparison a poll.
         moved = track.last_change((NAME, "links"), _links_errors) > first
+        recent = track.tail(first) if moved else []
         for link in latest.nvlinks:
-            findings.extend(_down(link, was_up))
+            # Each judgement asked only of a link it can speak of: 144 links a
+            # node, nearly all up, still and without a BER.
+            if link.link in was_up:
+                findings.extend(_down(link, was_up))
             if (
                 moved
                 and track.last_change((NAME, link.link), partial(_link_errors, link.link)) > first
             ):
                 findings.extend(_errors(link, _link_series(recent, link.link), now, config))
-            findings.extend(_ber(link, config))
+            if link.ber:
+                findings.extend(_ber(link, config))
         if track.times[0] <= now - config.window:
             findings.extend(_missing(latest, window, was_up, learned, config))
     return CheckOutput(findings=tuple(findings))
