@@ -614,6 +614,9 @@ def _expected(
 
 
 def _seen_active(track: Ports) -> bool:
+    if not track.last_change((NAME, "quiet"), _quiet):
+        # The state stood still over the whole track: the latest one's.
+        return track.samples[-1].state_id == ACTIVE
     return track.column((NAME, "active"), _active).present(0, len(track) - 1) > 0
 
 
