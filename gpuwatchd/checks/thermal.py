@@ -97,8 +97,9 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
             continue
         track = history.gpu_track(index)
         ratios = _throttle_ratios(track, now, config.window)
+        labels = gpu_labels(latest)
         measurements.extend(
-            Measurement("gpu_throttle_ratio", {**gpu_labels(latest), "reason": reason}, ratio)
+            Measurement("gpu_throttle_ratio", {**labels, "reason": reason}, ratio)
             for reason, ratio in ratios.items()
         )
         recent = track.between(now - config.window, now)
