@@ -4,10 +4,11 @@ and counters that restart at a driver reload or a GPU's return."""
 from __future__ import annotations
 
 import pytest
-from gpu_history import gpu, last_time, timeline
+from gpu_history import gpu, last_time, record, timeline
 
 from gpuwatchd.checks import memory
 from gpuwatchd.checks.memory import MemoryConfig
+from gpuwatchd.history import History
 from gpuwatchd.model import Action, Finding, GpuSample, Severity
 
 CONFIG = MemoryConfig()
@@ -97,6 +98,27 @@ def test_an_sbe_storm_warns() -> None:
     finding = only(list(memory.run(history, last_time(POLLS), CONFIG).findings))
     assert (finding.code, finding.severity) == ("ecc_sbe_storm", Severity.WARN)
     assert finding.evidence["rate_per_second"] == pytest.approx(0.5)
+
+
+def test_judged_every_poll_errors_that_stopped_age_out_as_from_a_fresh_history() -> None:
+    # An SBE storm, an uncorrectable error, then the very same sample poll
+    # after poll (as a source may hand back an unchanged one): each poll's
+    # findings on the one history are those of a history made afresh, until
+    # the errors have left the window.
+    config = MemoryConfig(window=120.0)
+    stopped = ecc(uncorrected=1, corrected=1200)
+    samples = [ecc(corrected=100 * k) for k in range(13)] + [stopped] * 15
+    history = History(max_age_seconds=7200.0)
+    each_poll, fresh = [], []
+    for k, sample in enumerate(samples):
+        time = last_time(k + 1)
+        record(history, time, [sample])
+        each_poll.append([f.code for f in memory.run(history, time, config).findings])
+        afresh = timeline(k + 1, lambda n, t: [samples[n]])
+        fresh.append([f.code for f in memory.run(afresh, time, config).findings])
+    assert each_poll == fresh
+    assert "ecc_sbe_storm" in each_poll[12] and "ecc_uncorrectable" in each_poll[13]
+    assert each_poll[-1] == []
 
 
 def test_a_few_corrected_errors_are_no_storm() -> None:

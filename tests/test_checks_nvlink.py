@@ -192,6 +192,30 @@ def test_effective_ber_over_dcgm_limit_is_critical(ber: float, critical: bool) -
     )
 
 
+def test_judged_every_poll_a_burst_that_reset_ages_out_as_from_a_fresh_history() -> None:
+    # The very same links poll after poll (as the NVML source hands back
+    # unchanged ones), a CRC burst on link 1, a driver reload back to those
+    # same links: each poll's findings on the one history are those of a
+    # history made afresh, until the burst has left every window.
+    still = tuple(link(5, n, crc_data=0) for n in range(4))
+    burst = tuple(link(5, n, crc_data=50_000 if n == 1 else 0) for n in range(4))
+
+    def gpus_at(k: int, time: float) -> list[GpuSample]:
+        return [gpu(5, nvlinks=burst if k in (5, 6) else still)]
+
+    polls = 30
+    history = History(max_age_seconds=7200.0)
+    each_poll, fresh = [], []
+    for k in range(polls):
+        time = last_time(k + 1)
+        history.record(Reading(source="nvml", time=time, gpus=tuple(gpus_at(k, time))))
+        each_poll.append(list(nvlink.run(history, time, CONFIG).findings))
+        fresh.append(findings(timeline(k + 1, gpus_at), k + 1))
+    assert each_poll == fresh
+    assert [(f.subject, f.code) for f in each_poll[5]] == [("nvlink:5/1", "nvlink_crc_errors")]
+    assert each_poll[-1] == []
+
+
 # -- replays -------------------------------------------------------------------------------
 
 

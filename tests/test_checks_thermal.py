@@ -4,10 +4,11 @@ cool or a hot GPU, temperature headroom."""
 from __future__ import annotations
 
 import pytest
-from gpu_history import gpu, last_time, timeline
+from gpu_history import gpu, last_time, record, timeline
 
 from gpuwatchd.checks import CheckOutput, thermal
 from gpuwatchd.checks.thermal import ThermalConfig
+from gpuwatchd.history import History
 from gpuwatchd.model import CLOCKS_EVENT_REASONS, Action, GpuSample, Severity
 
 CONFIG = ThermalConfig()
@@ -49,6 +50,32 @@ def test_sustained_thermal_throttling_warns_with_its_share_of_the_window() -> No
     assert finding.subject == "gpu:0"
     assert finding.action is Action.INSPECT_HARDWARE
     assert ratio(output, "thermal") == pytest.approx(0.5)
+
+
+def test_judged_every_poll_throttling_that_stopped_ages_out_as_from_a_fresh_history() -> None:
+    # Thermal throttling, then the very same sample poll after poll (as a
+    # source may hand back an unchanged one) with the power counter a float
+    # that stands still too: each poll's output on the one history is the one
+    # a history made afresh gives, until the throttling has left the window.
+    config = ThermalConfig(window=60.0)
+    stopped = hot_gpu(throttle_seconds={"thermal": 50.0, "power": 0.5})
+    samples = [hot_gpu(throttle_seconds={"thermal": 5.0 * k, "power": 0.5}) for k in range(11)]
+    samples += [stopped] * 12
+    history = History(max_age_seconds=7200.0)
+    each_poll, fresh = [], []
+    for k, sample in enumerate(samples):
+        time = last_time(k + 1)
+        record(history, time, [sample])
+        each_poll.append(thermal.run(history, time, config))
+        afresh = timeline(k + 1, lambda n, t: [samples[n]])
+        fresh.append(thermal.run(afresh, time, config))
+    assert each_poll == fresh
+    # Stopped at poll 10: 5 s of thermal violation fewer in the window a poll.
+    shares = [ratio(each_poll[k], "thermal") for k in range(10, 17)]
+    assert shares == pytest.approx([(16 - k) * 5.0 / 60.0 for k in range(10, 17)])
+    assert "thermal_throttling" in codes(each_poll[14])
+    assert not each_poll[-1].findings
+    assert ratio(each_poll[-1], "thermal") == ratio(each_poll[-1], "power") == 0.0
 
 
 def test_a_short_throttle_between_polls_is_counted_but_is_no_finding() -> None:

@@ -3,6 +3,7 @@ sysfs tree, read by the real reader into History, judged on an injected clock.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -15,7 +16,7 @@ import pytest
 from gpuwatchd.checks import CheckOutput
 from gpuwatchd.checks.infiniband import NAME, InfinibandCheckConfig, run
 from gpuwatchd.history import History
-from gpuwatchd.model import Action, Finding, Severity
+from gpuwatchd.model import Action, Finding, Reading, Severity
 from gpuwatchd.policy import validate_subject
 from gpuwatchd.settings import load
 from gpuwatchd.sim.infiniband import SimulatedFabric
@@ -105,6 +106,37 @@ def test_a_calm_training_node_has_no_findings(sysfs: Path) -> None:
     last = node.outputs[-1]
     assert measured(last, "symbol_error_ratio", "mlx5_0") == 0.0
     assert 0 < (measured(last, "xmit_wait_ratio", "mlx5_0") or 0) < 1e-5
+
+
+def test_judged_every_poll_the_outputs_are_those_of_a_history_made_afresh(sysfs: Path) -> None:
+    # A flap and symbol errors that stop, then the very same port samples poll
+    # after poll (as a source may hand back unchanged ones) while the windows
+    # pass over them: each poll's output on the one history is the one that a
+    # history made afresh from the same readings gives.
+    config = InfinibandCheckConfig(flap_window=300.0, ber_window=120.0, congestion_window=60.0)
+    flap = "{at: 60s, kind: ib_link_flap, hca: mlx5_1, port: 1, rate: 1/h}"
+    symbols = "{at: 30s, kind: ib_symbol_errors, hca: mlx5_0, port: 1, rate: 50/s, for: 2m}"
+    node = Node(sysfs, flap, symbols, config=config)
+    readings: list[Reading] = []
+    each_poll, fresh = [], []
+    for k in range(60):
+        now = START + k * POLL
+        if k < 30:
+            node.fabric.advance(now)
+            reading = node.source.poll(now)
+        else:
+            reading = dataclasses.replace(readings[-1], time=now)
+        readings.append(reading)
+        node.history.record(reading)
+        each_poll.append(run(node.history, now, config))
+        afresh = History(max_age_seconds=3600.0)
+        for earlier in readings:
+            afresh.record(earlier)
+        fresh.append(run(afresh, now, config))
+    assert each_poll == fresh
+    assert ("ib:mlx5_1/1", "ib_link_flapping") in codes(each_poll[30])
+    assert ("ib:mlx5_0/1", "ib_symbol_errors") in codes(each_poll[15])
+    assert not each_poll[-1].findings
 
 
 def test_no_infiniband_reading_yet_judges_nothing() -> None:

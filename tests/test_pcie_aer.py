@@ -305,19 +305,33 @@ def function(kind: str = "gpu", name: str | None = None, **errors: int) -> PcieF
     )
 
 
+DEFAULTS = AerConfig()
+
+
+def record(
+    history: History, k: int, sample: PcieFunctionSample, named: bool = True, ports: bool = False
+) -> float:
+    """Poll `k`'s readings into `history`; its time."""
+    time = T0 + k * POLL
+    gpus = (gpu(3, pci_bus_id="00000000:18:00.0"),) if named else ()
+    history.record(Reading(source="nvml", time=time, gpus=gpus))
+    if ports:
+        port = PortSample(device="mlx5_0", port=1)
+        history.record(Reading(source="infiniband", time=time, ports=(port,)))
+    history.record(Reading(source="pcie", time=time, pcie_functions=(sample,)))
+    return time
+
+
 def judged(
-    samples: list[PcieFunctionSample], named: bool = True, ports: bool = False
+    samples: list[PcieFunctionSample],
+    named: bool = True,
+    ports: bool = False,
+    config: AerConfig = DEFAULTS,
 ) -> list[tuple[str, str, Severity]]:
     history = History(max_age_seconds=7200.0)
     for k, sample in enumerate(samples):
-        time = T0 + k * POLL
-        gpus = (gpu(3, pci_bus_id="00000000:18:00.0"),) if named else ()
-        history.record(Reading(source="nvml", time=time, gpus=gpus))
-        if ports:
-            port = PortSample(device="mlx5_0", port=1)
-            history.record(Reading(source="infiniband", time=time, ports=(port,)))
-        history.record(Reading(source="pcie", time=time, pcie_functions=(sample,)))
-    output = aer.run(history, T0 + (len(samples) - 1) * POLL, AerConfig())
+        time = record(history, k, sample, named, ports)
+    output = aer.run(history, time, config)
     return [(f.subject, f.code, f.severity) for f in output.findings]
 
 
@@ -355,6 +369,31 @@ def test_a_fatal_error_keeps_its_finding_for_the_window_then_clears() -> None:
     samples = [function(fatal=0), function(fatal=1)] + [function(fatal=1)] * 370
     assert judged(samples[:100]) == [("gpu:3", "aer_fatal_errors", Severity.CRITICAL)]
     assert judged(samples) == []
+
+
+def test_judged_every_poll_flat_counts_age_out_of_their_windows_as_from_a_fresh_history() -> None:
+    # A storm, then a fatal error, then the very same sample poll after poll
+    # (as a source hands back an unchanged one): each poll's findings on the
+    # one history are those of a history made afresh, until the storm's
+    # minute and the fatal error's window have passed.
+    config = AerConfig(window=120.0)
+    stopped = function(fatal=1, correctable=1200)
+    samples = [function(correctable=100 * k) for k in range(13)] + [stopped] * 15
+    history = History(max_age_seconds=7200.0)
+    each_poll = []
+    for k, sample in enumerate(samples):
+        time = record(history, k, sample)
+        each_poll.append([(f.subject, f.code) for f in aer.run(history, time, config).findings])
+    fresh = [
+        [(s, code) for s, code, _ in judged(samples[: k + 1], config=config)]
+        for k in range(len(samples))
+    ]
+    assert each_poll == fresh
+    storm, fatal = ("gpu:3", "aer_correctable_storm"), ("gpu:3", "aer_fatal_errors")
+    # The storm stopped at poll 12 and is under the link's 31 a minute from
+    # poll 18; the fatal error of poll 13 leaves the 120 s window at poll 25.
+    assert [storm in found for found in each_poll] == [1 <= k <= 17 for k in range(len(samples))]
+    assert [fatal in found for found in each_poll] == [13 <= k <= 24 for k in range(len(samples))]
 
 
 # --- export -------------------------------------------------------------------

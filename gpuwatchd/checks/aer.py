@@ -32,7 +32,7 @@ judged on the node, at warning at most.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -96,9 +96,13 @@ def run(history: History, now: float, config: AerConfig) -> CheckOutput:
     for address in history.pcie_addresses():
         track = history.pcie_track(address)
         latest = track.samples[-1]
+        # From this position on the counts stood still, so none grew in a
+        # window that starts there: on a healthy node one comparison a poll,
+        # where each severity's Column would take every sample in.
+        changed = track.last_change((NAME, "counts"), _counts)
         subjects = _subjects(latest, history, gpus) or [NODE]
         for subject in subjects:
-            findings.extend(_judged(track, latest, subject, now, config))
+            findings.extend(_judged(track, latest, changed, subject, now, config))
     return CheckOutput(findings=tuple(findings))
 
 
@@ -126,14 +130,17 @@ UNCORRECTABLE = {
 def _judged(
     track: Track[PcieFunctionSample],
     latest: PcieFunctionSample,
+    changed: int,
     subject: str,
     now: float,
     config: AerConfig,
 ) -> Iterator[Finding]:
+    """`changed`: the position of the last change of the counts (`_grown`)."""
     for name, grade in UNCORRECTABLE.items():
-        grown = _grown(track, name, now, config.window).increase
-        if grown <= 0:
+        counted = _grown(track, changed, name, now, config.window)
+        if counted is None or counted.increase <= 0:
             continue
+        grown = counted.increase
         yield Finding(
             subject=subject,
             check=NAME,
@@ -147,7 +154,7 @@ def _judged(
             action=grade.action,
             evidence={"address": latest.address, f"{name}_errors": int(grown)},
         )
-    storm = _correctable_storm(track, now, config)
+    storm = _correctable_storm(track, latest, changed, now, config)
     if storm is None:
         return
     per_minute, allowed = storm
@@ -172,13 +179,18 @@ def _judged(
 
 
 def _correctable_storm(
-    track: Track[PcieFunctionSample], now: float, config: AerConfig
+    track: Track[PcieFunctionSample],
+    latest: PcieFunctionSample,
+    changed: int,
+    now: float,
+    config: AerConfig,
 ) -> tuple[float, int] | None:
     """Correctable errors a minute and the link's allowance, when over it."""
-    latest = track.samples[-1]
     if not (latest.link_generation and latest.link_width):
         return None
-    grown = _grown(track, "correctable", now, config.correctable_window)
+    grown = _grown(track, changed, "correctable", now, config.correctable_window)
+    if grown is None:
+        return None
     allowed = allowed_replays_per_minute(
         latest.link_generation, latest.link_width, config.correctable_bit_error_rate
     )
@@ -191,11 +203,21 @@ def _errors(severity: str, sample: PcieFunctionSample) -> int | None:
     return sample.aer_errors.get(severity)
 
 
-def _grown(track: Track[PcieFunctionSample], severity: str, now: float, seconds: float) -> Increase:
+def _counts(sample: PcieFunctionSample) -> Mapping[str, int]:
+    return sample.aer_errors
+
+
+def _grown(
+    track: Track[PcieFunctionSample], changed: int, severity: str, now: float, seconds: float
+) -> Increase | None:
     """How much the `severity` count grew over the intervals ending in the
-    last `seconds`: a subtraction of the track's running totals."""
+    last `seconds`: a subtraction of the track's running totals. None when
+    the counts, last `changed` at that position, stood still over them."""
+    first = track.at_or_before(now - seconds)
+    if changed <= first:
+        return None
     column = track.column((NAME, severity), partial(_errors, severity))
-    return column.increase(track.at_or_before(now - seconds), track.upto(now), track.times)
+    return column.increase(first, track.upto(now), track.times)
 
 
 def _what(function: PcieFunctionSample) -> str:

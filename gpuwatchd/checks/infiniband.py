@@ -33,7 +33,7 @@ saturation never give negative or absurd rates. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import partial
@@ -77,6 +77,9 @@ RECEIVED_PACKETS = "port_rcv_packets"
 # A saturated port_xmit_wait only blinds the congestion estimate, and on busy
 # ports its 32 bits fill within hours: reported, but at severity ok.
 TELEMETRY_COUNTERS = frozenset({"port_xmit_wait"})
+# The counters that stand still on a healthy port (traffic moves the others),
+# watched by one change mark with the port's state (`_quiet`).
+QUIET_COUNTERS = (*FLAP_COUNTERS, *SYMBOL_COUNTERS, *RECEIVE_ERROR_COUNTERS, "port_xmit_discards")
 
 _PORT_PATTERN = re.compile(r"^[^/\s]+/[^/\s]+$")
 _WILDCARDS = frozenset("*?[")
@@ -84,6 +87,7 @@ _WILDCARDS = frozenset("*?[")
 Port = tuple[str, int]
 Samples = Sequence[tuple[float, PortSample]]
 Ports = Track[PortSample]
+Standing = Mapping[str, int] | None
 
 
 @dataclass(frozen=True)
@@ -227,14 +231,26 @@ def _capacity(sample: PortSample) -> float | None:
     return sample.rate_bytes_per_second
 
 
-def _judged(track: Ports, first: int, names: Sequence[str]) -> tuple[int, int]:
+def _quiet(sample: PortSample) -> tuple[int | None, ...]:
+    """The port's state and QUIET_COUNTERS: where these stood still since a
+    window began, no flap or error grew in it, which one change mark a poll
+    tells (where a Column each would take every sample in)."""
+    counters = sample.counters
+    return (
+        sample.state_id,
+        sample.physical_state_id,
+        *(counters.get(name) for name in QUIET_COUNTERS),
+    )
+
+
+def _judged(track: Ports, first: int, names: Sequence[str], still: Standing) -> tuple[int, int]:
     """The positions (first, last) of the stretch of samples from `first` on
     over which all of `names` counted: after the last time any was cleared
     from its maximum, up to where any saturated again. Time in which a counter
     had stopped counting would dilute its rate; over this stretch a rate is a
     lower bound of the true one instead."""
     last = len(track) - 1
-    if not any(_column(track, name).saturated(first, last) for name in names):
+    if not any(_saturated(track, first, last, name, still) for name in names):
         return first, last
     start, end = _stretch(track.tail(first), names)
     return first + start, first + start + end - 1
@@ -251,8 +267,33 @@ def _stretch(recent: Samples, names: Sequence[str]) -> tuple[int, int]:
     return start, end
 
 
-def _increase(track: Ports, stretch: tuple[int, int], name: str) -> Increase:
-    return _column(track, name).increase(*stretch, track.times)
+def _standing(track: Ports, quiet_since: int, first: int) -> Standing:
+    """The latest counters where `_quiet` stood still from position `first`
+    on (it last changed at `quiet_since`): the values the quiet counters
+    stood at throughout. None where they may have moved."""
+    return track.samples[-1].counters if quiet_since <= first else None
+
+
+def _saturated(track: Ports, first: int, last: int, name: str, still: Standing) -> bool:
+    if still is not None and name in QUIET_COUNTERS:
+        return is_saturated(still.get(name), COUNTER_BITS.get(name))
+    return _column(track, name).saturated(first, last)
+
+
+def _increase(track: Ports, stretch: tuple[int, int], name: str, still: Standing) -> Increase:
+    """A quiet counter that stood `still` grew as a constant does, which is
+    what its Column would say: nothing, over the time it was present."""
+    if still is None or name not in QUIET_COUNTERS:
+        return _column(track, name).increase(*stretch, track.times)
+    first, last = stretch
+    value = still.get(name)
+    if value is None or last < first:
+        return Increase(increase=0.0, seconds=0.0)
+    return Increase(
+        increase=0.0,
+        seconds=track.times[last] - track.times[first],
+        saturated=is_saturated(value, COUNTER_BITS.get(name)),
+    )
 
 
 def _capacity_bits(track: Ports, stretch: tuple[int, int]) -> float:
@@ -341,11 +382,18 @@ def _drops(track: Ports, first: int) -> int:
 
 
 def _flaps(
-    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port,
+    track: Ports,
+    quiet_since: int,
+    now: float,
+    config: InfinibandCheckConfig,
+    out: _Verdicts,
 ) -> None:
     recent = (track.before(now - config.flap_window), len(track) - 1)
-    downed, recovered = (_increase(track, recent, name) for name in FLAP_COUNTERS)
-    drops = _drops(track, recent[0])
+    still = _standing(track, quiet_since, recent[0])
+    downed, recovered = (_increase(track, recent, name, still) for name in FLAP_COUNTERS)
+    # The state stood still too: never seen to leave ACTIVE/LinkUp.
+    drops = 0 if still is not None else _drops(track, recent[0])
     # Each drop seen also counts on link_downed where that counter still moves:
     # the larger of the two, never their sum.
     downs = max(int(downed.increase), drops)
@@ -385,9 +433,11 @@ class _Ratio:
     critical: float
 
 
-def _symbol_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _Ratio | None:
-    judged = _judged(track, first, SYMBOL_COUNTERS)
-    errors = _increase(track, judged, "symbol_error")
+def _symbol_ratio(
+    track: Ports, first: int, still: Standing, config: InfinibandCheckConfig
+) -> _Ratio | None:
+    judged = _judged(track, first, SYMBOL_COUNTERS, still)
+    errors = _increase(track, judged, "symbol_error", still)
     bits = _capacity_bits(track, judged)
     if errors.seconds <= 0 or bits <= 0:
         return None
@@ -402,10 +452,12 @@ def _symbol_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _R
     )
 
 
-def _receive_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _Ratio | None:
-    judged = _judged(track, first, (*RECEIVE_ERROR_COUNTERS, RECEIVED_PACKETS))
-    parts = [_increase(track, judged, name) for name in RECEIVE_ERROR_COUNTERS]
-    packets = _increase(track, judged, RECEIVED_PACKETS)
+def _receive_ratio(
+    track: Ports, first: int, still: Standing, config: InfinibandCheckConfig
+) -> _Ratio | None:
+    judged = _judged(track, first, (*RECEIVE_ERROR_COUNTERS, RECEIVED_PACKETS), still)
+    parts = [_increase(track, judged, name, still) for name in RECEIVE_ERROR_COUNTERS]
+    packets = _increase(track, judged, RECEIVED_PACKETS, still)
     if packets.seconds <= 0 or packets.increase < 1 / config.receive_packet_error_ratio_warn:
         return None
     errors = Increase(
@@ -426,13 +478,23 @@ def _receive_ratio(track: Ports, first: int, config: InfinibandCheckConfig) -> _
 
 
 def _bit_errors(
-    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port,
+    track: Ports,
+    quiet_since: int,
+    now: float,
+    config: InfinibandCheckConfig,
+    out: _Verdicts,
 ) -> None:
     first = track.before(now - config.ber_window)
     # Too little data makes an error or two read as a high rate.
     if track.times[-1] - track.times[first] < config.ber_min_span:
         return
-    for ratio in (_symbol_ratio(track, first, config), _receive_ratio(track, first, config)):
+    still = _standing(track, quiet_since, first)
+    ratios = (
+        _symbol_ratio(track, first, still, config),
+        _receive_ratio(track, first, still, config),
+    )
+    for ratio in ratios:
         if ratio is None:
             continue
         out.measure(ratio.measurement, port, ratio.ratio)
@@ -458,11 +520,17 @@ def _bit_errors(
 
 
 def _congestion(
-    port: Port, track: Ports, now: float, config: InfinibandCheckConfig, out: _Verdicts
+    port: Port,
+    track: Ports,
+    quiet_since: int,
+    now: float,
+    config: InfinibandCheckConfig,
+    out: _Verdicts,
 ) -> None:
     first = track.before(now - config.congestion_window)
-    judged = _judged(track, first, ("port_xmit_wait",))
-    wait = _increase(track, judged, "port_xmit_wait")
+    still = _standing(track, quiet_since, first)
+    judged = _judged(track, first, ("port_xmit_wait",), still)
+    wait = _increase(track, judged, "port_xmit_wait", still)
     capacity_bytes = _capacity_bits(track, judged) / BITS_PER_BYTE
     if capacity_bytes > 0 and wait.seconds > 0:
         # Clamped: a ratio above 1 means the tick assumption is wrong for this HCA.
@@ -484,9 +552,8 @@ def _congestion(
                     "saturated": int(wait.saturated),
                 },
             )
-    discards = _increase(
-        track, _judged(track, first, ("port_xmit_discards",)), "port_xmit_discards"
-    )
+    discards_judged = _judged(track, first, ("port_xmit_discards",), still)
+    discards = _increase(track, discards_judged, "port_xmit_discards", still)
     if discards.increase >= config.xmit_discards_warn_count:
         out.find(
             port,
@@ -547,6 +614,9 @@ def _expected(
 
 
 def _seen_active(track: Ports) -> bool:
+    if not track.last_change((NAME, "quiet"), _quiet):
+        # The state stood still over the whole track: the latest one's.
+        return track.samples[-1].state_id == ACTIVE
     return track.column((NAME, "active"), _active).present(0, len(track) - 1) > 0
 
 
@@ -603,9 +673,12 @@ def run(
             continue
         if port in expected:
             _link_state(port, track, config, out)
-        _flaps(port, track, now, config, out)
-        _bit_errors(port, track, now, config, out)
-        _congestion(port, track, now, config, out)
+        # Where the quiet fields last changed: windows from there on are judged
+        # with no Column of theirs.
+        quiet_since = track.last_change((NAME, "quiet"), _quiet)
+        _flaps(port, track, quiet_since, now, config, out)
+        _bit_errors(port, track, quiet_since, now, config, out)
+        _congestion(port, track, quiet_since, now, config, out)
         _saturation(port, track, out)
     unseen = _named_ports(config.expected_ports)
     if config.expect_ports_seen_active:

@@ -23,7 +23,7 @@ pre-Ampere mechanism). Follows NVIDIA's GPU memory error management guide:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -84,16 +84,29 @@ def _ecc_count(key: tuple[str, str], sample: GpuSample) -> int | None:
     return sample.ecc_errors.get(key)
 
 
+def _ecc_counts(sample: GpuSample) -> Mapping[tuple[str, str], int]:
+    return sample.ecc_errors
+
+
 def _ecc(
     latest: GpuSample, track: Track[GpuSample], now: float, config: MemoryConfig
 ) -> Iterator[Finding]:
     subject = gpu_subject(latest.index)
+    # Where the counts stood still over the window, none grew: on a healthy
+    # GPU one comparison a poll, where each counter's Column takes every
+    # sample in.
+    first = track.at_or_before(now - config.window)
+    moved = track.last_change((NAME, "counts"), _ecc_counts) > first
     # Volatile counters restart at a driver reload (a reset, not errors); the
     # aggregate ones survive it but are written to the InfoROM later. Either
     # growing is a new error (an aggregate one falling is not: see above).
-    uncorrected = max(
-        _ecc_increase(track, "uncorrected", scope, now, config.window).increase
-        for scope in ("volatile", "aggregate")
+    uncorrected = (
+        max(
+            _ecc_increase(track, "uncorrected", scope, now, config.window).increase
+            for scope in ("volatile", "aggregate")
+        )
+        if moved
+        else 0.0
     )
     since_reset = latest.ecc_errors.get(("uncorrected", "volatile")) or 0
     awaiting_reset = since_reset > 0 and bool(
@@ -120,6 +133,8 @@ def _ecc(
             },
             immediate=True,
         )
+    if not moved:
+        return
     corrected = _ecc_increase(track, "corrected", "volatile", now, config.window)
     if corrected.seconds <= 0:
         corrected = _ecc_increase(track, "corrected", "aggregate", now, config.window)

@@ -191,19 +191,28 @@ def run(
             continue
         track = history.gpu_track(index)
         first = track.at_or_before(now - config.window * config.storm_windows)
-        recent = track.tail(first)
         window = [
             (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.read
         ]
         down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
         was_up = _seen_up(track.samples[:-1], down) if down else set()
+        # A link whose counters have not moved since before the oldest window
+        # grew by nothing in any window: nothing to judge. One mark over all
+        # the links says so for a healthy GPU at one comparison a poll.
+        moved = track.last_change((NAME, "links"), _links_errors) > first
+        recent = track.tail(first) if moved else []
         for link in latest.nvlinks:
-            findings.extend(_down(link, was_up))
-            # A link whose counters have not moved since before the oldest
-            # window grew by nothing in any window: nothing to judge.
-            if track.last_change((NAME, link.link), partial(_link_errors, link.link)) > first:
+            # Each judgement asked only of a link it can speak of: 144 links a
+            # node, nearly all up, still and without a BER.
+            if link.link in was_up:
+                findings.extend(_down(link, was_up))
+            if (
+                moved
+                and track.last_change((NAME, link.link), partial(_link_errors, link.link)) > first
+            ):
                 findings.extend(_errors(link, _link_series(recent, link.link), now, config))
-            findings.extend(_ber(link, config))
+            if link.ber:
+                findings.extend(_ber(link, config))
         if track.times[0] <= now - config.window:
             findings.extend(_missing(latest, window, was_up, learned, config))
     return CheckOutput(findings=tuple(findings))
@@ -227,6 +236,12 @@ def _link(number: int, sample: GpuSample) -> LinkSample | None:
 def _link_errors(number: int, sample: GpuSample) -> Mapping[str, int] | None:
     link = _link(number, sample)
     return None if link is None else link.errors
+
+
+def _links_errors(sample: GpuSample) -> tuple[tuple[int, Mapping[str, int]], ...]:
+    """Every link's counters by its number: where these are the same, so is
+    each link's `_link_errors`."""
+    return tuple((link.link, link.errors) for link in sample.nvlinks)
 
 
 def _seen_up(samples: Sequence[GpuSample], numbers: set[int]) -> set[int]:

@@ -97,8 +97,9 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
             continue
         track = history.gpu_track(index)
         ratios = _throttle_ratios(track, now, config.window)
+        labels = gpu_labels(latest)
         measurements.extend(
-            Measurement("gpu_throttle_ratio", {**gpu_labels(latest), "reason": reason}, ratio)
+            Measurement("gpu_throttle_ratio", {**labels, "reason": reason}, ratio)
             for reason, ratio in ratios.items()
         )
         recent = track.between(now - config.window, now)
@@ -117,8 +118,14 @@ def _throttle_ratios(track: Track[GpuSample], now: float, window: float) -> dict
     first, last = track.at_or_before(now - window), track.upto(now)
     ratios: dict[str, float] = {}
     for reason in THROTTLE_REASONS:
-        column = track.column((NAME, reason), _VIOLATION_SECONDS[reason])
-        grown = column.increase(first, last, track.times)
+        seconds = _VIOLATION_SECONDS[reason]
+        if track.last_change((NAME, "moved", reason), seconds) <= first:
+            # Stood still over the window (a change mark costs a poll less
+            # than a Column): no throttling, wherever the counter is present.
+            if seconds(track.samples[-1]) is not None and track.times[last] > track.times[first]:
+                ratios[reason] = 0.0
+            continue
+        grown = track.column((NAME, reason), seconds).increase(first, last, track.times)
         if grown.seconds > 0:
             # Over the whole window, the time before the first sample unthrottled.
             ratios[reason] = min(1.0, grown.increase / max(grown.seconds, window))
