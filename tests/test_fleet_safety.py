@@ -31,7 +31,11 @@ from gpuwatchd.model import Health, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.store import Store
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus"),
+    # Its module-scoped fixtures are made once: all its tests run on one xdist worker.
+    pytest.mark.xdist_group("test_fleet_safety"),
+]
 
 NODES = 10
 
