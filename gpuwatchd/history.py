@@ -552,8 +552,10 @@ class Track(Generic[T]):
         self.times: list[float] = []
         self.samples = _Samples(columns)
         # A stamp per sample, new for each sample taken in (a replaced one too):
-        # what a Column compares to see which samples it has not seen.
-        self._stamps: list[int] = []
+        # what a Column compares to see which samples it has not seen. Unboxed:
+        # in a list, each stamp past 256 (CPython's cached ints) is an object
+        # of its own, so the ring grew for 256 polls after the history filled.
+        self._stamps = array("q")
         self._next_stamp = 0
         self._columns: dict[Hashable, Column[T]] = {}
         self._changes: dict[Hashable, _Changes[T]] = {}

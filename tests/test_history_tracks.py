@@ -6,12 +6,14 @@ and whether it keeps its samples whole or as columns (read back when asked)."""
 from __future__ import annotations
 
 import math
+import tracemalloc
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuwatchd import columns, history
 from gpuwatchd.checks.common import tail_from
 from gpuwatchd.columns import SampleColumns
 from gpuwatchd.counters import gauge_integral, increase, window
@@ -170,3 +172,24 @@ def test_a_track_keeps_one_sample_older_than_the_horizon_and_at_most_max_samples
     track.expire(45.0)
     assert track.times == [40.0, 50.0]
     assert [sample.value for sample in track.between(35.0, 50.0)] == [40, 50]
+
+
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_full_track_turning_over_holds_no_more_memory(as_columns: bool) -> None:
+    # Once full, each sample taken in lets one out, so what the track holds
+    # stays flat. (A stamp a sample kept as an int object of its own grew it
+    # for 256 samples after the fill: CPython caches the ints up to 256.)
+    track, sample = _track(200, as_columns), _Sample(1)
+    mine = [tracemalloc.Filter(True, history.__file__), tracemalloc.Filter(True, columns.__file__)]
+    tracemalloc.start()
+    try:
+        for time in range(200):
+            track.append(float(time), sample)
+        full = tracemalloc.take_snapshot().filter_traces(mine)
+        for time in range(200, 400):
+            track.append(float(time), sample)
+        turned = tracemalloc.take_snapshot().filter_traces(mine)
+    finally:
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in turned.compare_to(full, "filename"))
+    assert grown < 1024
