@@ -26,6 +26,7 @@ from bench_node import node_run, scratch
 
 from gpuwatchd.clock import FakeClock
 from gpuwatchd.config import DaemonConfig
+from gpuwatchd.heap import return_freed_heap
 from gpuwatchd.sim import scenario as scenarios
 from gpuwatchd.sim.node import SimulatedNode
 
@@ -90,6 +91,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    # As `gpuwatchd run` does at start, in both runs alike.
+    return_freed_heap()
     with scratch("gpuwatchd-memory-") as directory:
         samples = runs[args.what](args.polls, Path(directory))
     print(json.dumps({"samples": samples, "history_full_at": polls_to_fill()}))

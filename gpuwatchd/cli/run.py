@@ -20,7 +20,7 @@ from types import FrameType
 
 import click
 
-from gpuwatchd import logs, unix_socket, version
+from gpuwatchd import heap, logs, unix_socket, version
 from gpuwatchd.assemble import build_daemon
 from gpuwatchd.cli.common import (
     NODE_ENV,
@@ -117,6 +117,7 @@ def run(
     # logs, not silently (unless a host such as pytest has its own handler).
     if not faulthandler.is_enabled():
         faulthandler.enable()
+    heap.return_freed_heap()
     for address in (config.daemon.listen, config.api.listen):
         if address is not None:
             _check_listen_free(address)
