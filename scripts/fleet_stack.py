@@ -131,7 +131,10 @@ def fleet(count: int) -> tuple[Member, ...]:
     faults: dict[str, tuple[dict[str, Any], ...]] = {
         "a-001": (_drift(2),),
         "a-002": (_thermal(5),),
-        "a-003": ({"at": FAULT_AT, "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},),
+        # From the start: the daemon reads such settings at its first poll and
+        # then every static_refresh (10 min), so a drift at FAULT_AT is seen
+        # only where the node's first poll came later (a loaded machine's race).
+        "a-003": ({"at": "0s", "kind": "config_drift", "gpu": 4, "setting": "ecc_mode"},),
         "b-001": (_drift(6),),
         f"b-{a100_from:03d}": (_thermal(1),),
         f"b-{a100_from + 1:03d}": (_drift(3),),

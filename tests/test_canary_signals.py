@@ -27,11 +27,15 @@ HUNG = "node: {gpus: 2, nvlinks: 2, hcas: 0}\nfaults:\n" + "".join(
 
 
 def _workers(daemon: psutil.Process) -> list[psutil.Process]:
-    return [
-        child
-        for child in daemon.children(recursive=True)
-        if "gpuwatchd.canary.worker" in " ".join(child.cmdline())
-    ]
+    return [child for child in daemon.children(recursive=True) if _is_worker(child)]
+
+
+def _is_worker(child: psutil.Process) -> bool:
+    # A child listed a moment ago may have ended since (under load, seen).
+    try:
+        return "gpuwatchd.canary.worker" in " ".join(child.cmdline())
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture
@@ -68,9 +72,12 @@ def hung_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], list[ps
 def _hung(workers: list[psutil.Process]) -> list[psutil.Process] | None:
     if len(workers) != 2:
         return None
-    asleep = all(w.status() == psutil.STATUS_SLEEPING for w in workers)
-    # Asleep, and not spending: blocked, not between two imports.
-    idle = asleep and all(w.cpu_percent(interval=0.2) == 0.0 for w in workers)
+    try:
+        asleep = all(w.status() == psutil.STATUS_SLEEPING for w in workers)
+        # Asleep, and not spending: blocked, not between two imports.
+        idle = asleep and all(w.cpu_percent(interval=0.2) == 0.0 for w in workers)
+    except psutil.NoSuchProcess:  # a worker that ended is not hung
+        return None
     return workers if idle else None
 
 
