@@ -24,9 +24,6 @@ from schemathesis.specs.openapi.checks import (
 from gpuwatchd.canary.config import CanaryConfig
 from gpuwatchd.config import Config
 
-# Its module-scoped fixtures are made once: all its tests run on one xdist worker.
-pytestmark = pytest.mark.xdist_group("test_api_schema")
-
 DOCUMENT = Path(__file__).parent.parent / "docs" / "openapi.yaml"
 schema = schemathesis.openapi.from_path(DOCUMENT)
 

@@ -55,9 +55,6 @@ from gpuwatchd.canary.spec import (
 from gpuwatchd.canary.suite import RunContext, run_canary
 from gpuwatchd.config import Config
 
-# Its module-scoped fixtures are made once: all its tests run on one xdist worker.
-pytestmark = pytest.mark.xdist_group("test_canary_detection")
-
 SUITE = default_suite("cpu", seed=3, random_seed=1, hbm_bytes=1 << 20)
 EXACT_GEMMS = frozenset(f"gemm_exact_{dtype}" for dtype in EXACT_GEMM_DTYPES)
 RANDOM_GEMMS = frozenset(f"gemm_random_{dtype}" for dtype in RANDOM_GEMM_DTYPES)

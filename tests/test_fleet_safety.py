@@ -31,11 +31,7 @@ from gpuwatchd.model import Health, Quarantine
 from gpuwatchd.snapshot import Snapshot
 from gpuwatchd.store import Store
 
-pytestmark = [
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus"),
-    # Its module-scoped fixtures are made once: all its tests run on one xdist worker.
-    pytest.mark.xdist_group("test_fleet_safety"),
-]
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus")
 
 NODES = 10
 

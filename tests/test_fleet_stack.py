@@ -51,8 +51,6 @@ PORTS = 4 + fleet_stack.SHARDS + 1
 
 pytestmark = [
     pytest.mark.slow,
-    # One stack for the module: all its tests run on one xdist worker.
-    pytest.mark.xdist_group("test_fleet_stack"),
     pytest.mark.skipif(
         any(
             shutil.which(name) is None

@@ -29,9 +29,6 @@ from gpuwatchd.report.held import Held, Subject
 from gpuwatchd.report.members import journal_of
 from gpuwatchd.store import JournalEntry, Store
 
-# Its module-scoped fixtures are made once: all its tests run on one xdist worker.
-pytestmark = pytest.mark.xdist_group("test_report")
-
 NODE = "node: {gpus: 4, nvlinks: 4, hcas: 2}\n"
 SDC = NODE + "faults: [{at: 0s, kind: sdc, gpu: 2}]\n"
 # Bursts every minute, so that the fault is confirmed within a few polls.

@@ -37,8 +37,6 @@ NODE_COUNT = 5
 
 pytestmark = [
     pytest.mark.slow,
-    # One stack for the module: all its tests run on one xdist worker.
-    pytest.mark.xdist_group("test_stack_integration"),
     pytest.mark.skipif(
         shutil.which("prometheus") is None
         or not (shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")),

@@ -26,9 +26,6 @@ from gpuwatchd.actions.client import DaemonClient
 from gpuwatchd.cli import main
 from gpuwatchd.server import UnixStatusServer
 
-# Its module-scoped fixtures are made once: all its tests run on one xdist worker.
-pytestmark = pytest.mark.xdist_group("test_unix_socket")
-
 SCENARIO = "node: {gpus: 2, nvlinks: 2, hcas: 1}\nfaults: []\n"
 KEEP = "keep me"
 
