@@ -261,15 +261,27 @@ def _instant_targets() -> set[str]:
     }
 
 
+# How long every node must have answered before an instant query's moment: a
+# recorded series is as old as its rule's last evaluation (every scrape
+# interval), which read the scrapes before it, so a scrape and an evaluation
+# back, and one more for an evaluation a busy machine runs late.
+ANSWERED_FOR_S = 3 * demo_stack.SCRAPE_SECONDS
+
+
 def _all_answered(stack: Any) -> float | None:
-    """The latest moment at which every node with a daemon had answered its
-    last scrape. A scrape that misses its timeout on a busy machine marks the
-    node's series stale until the next: an instant query then finds none,
-    which says nothing of the dashboard."""
+    """The latest moment by which every node with a daemon had answered each
+    of its scrapes for ANSWERED_FOR_S (else the latest at which they had
+    answered their last). A scrape that misses its timeout on a busy machine
+    marks the node's series stale until the next, and a rule evaluated then
+    records none of them: an instant query then finds none, which says nothing
+    of the dashboard."""
     live = "|".join(node.name for node in demo_stack.NODES if node.scenario is not None)
-    series = stack.query_range(f'min(up{{job="gpuwatchd", instance=~"{live}"}})', 1.0)
-    answered = [float(at) for at, value in series[0]["values"] if value == "1"] if series else []
-    return max(answered, default=None)
+    up = f'up{{job="gpuwatchd", instance=~"{live}"}}'
+    for expr in (f"min(min_over_time({up}[{ANSWERED_FOR_S}s]))", f"min({up})"):
+        values = series[0]["values"] if (series := stack.query_range(expr, 1.0)) else []
+        if answered := [float(at) for at, value in values if value == "1"]:
+            return max(answered)
+    return None
 
 
 def test_every_dashboard_query_returns_data(stack: Any) -> None:
