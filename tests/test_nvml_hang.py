@@ -148,3 +148,20 @@ def test_the_watchdog_is_fed_by_polls_that_complete_around_a_hung_gpu(tmp_path: 
     assert pings[0] == 1 and pings == sorted(pings) and pings[-1] >= 5
     hung = [gpu for gpu in daemon.snapshot.gpus if gpu.read_hung]
     assert [gpu.index for gpu in hung] == [0]
+
+
+def test_the_reads_queued_behind_a_hung_gpu_are_read_once_and_not_by_its_stuck_reader() -> None:
+    with simulated_node(gpus=4) as node:
+        node.poll_at(0)
+        before = node.fake.calls["nvmlDeviceGetPowerUsage"]
+        hang = node.fake.hang("nvmlDeviceGetPowerUsage", gpu=1)
+        reading = _past_the_deadline(hang, node.clock.advance, lambda: node.poll_at(10))
+        assert isinstance(reading, Reading) and reading.gpus is not None
+        assert [gpu.read for gpu in reading.gpus] == [True, False, True, True]
+        # Once its call returns, the stuck reader ends without reading GPUs 2
+        # and 3, which a new reader read in that poll: each GPU was asked once.
+        hang.release()
+        hang.callers[0].join(BOUND_S)
+        assert not hang.callers[0].is_alive()
+        assert node.fake.calls["nvmlDeviceGetPowerUsage"] - before == 4
+        assert len(_reader_threads()) == 1

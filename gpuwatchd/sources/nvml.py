@@ -74,19 +74,20 @@ Hangs: an NVML call on a GPU in trouble can block inside the driver for a
 long time or for good (nvidia-smi in uninterruptible sleep after XID 45,
 leptonai/gpud PR #117; DCGM calls blocking past 45 s on one GPU, NVIDIA/DCGM
 #313), and Python cannot interrupt a C call. So the GPUs are read one after
-another in a reader thread, and `poll()` waits for each read for
-`read_timeout` at most (by the daemon's clock). A read past it is given up:
-the GPU's sample says so (`GpuSample.read_hung`, its values absent), the
-reader stuck in it is left to return whenever the driver lets it (its result
-is dropped), and a new reader reads the other GPUs. While that call has not
-returned, no other read of the GPU is started (threads do not pile up on a
-stuck GPU); once it has, the GPU is read again at the next poll. A hang is
-not evidence of a hardware fault (the stall in DCGM #313 is on a GPU that
-works, and ends when its load does): a GPU that is lost says so by its
-answers, not by its silence. Restarting the daemon would not help either: a
-call stuck in the kernel stays stuck, and the restarted monitor blocks on it
-again (NVIDIA/NVSentinel #1576). The XID thread's waits are bounded by their
-one-second timeout.
+another in a reader thread, handed to it together, and `poll()` waits for
+each read for `read_timeout` at most from when it began (by the daemon's
+clock). A read past it is given up: the GPU's sample says so
+(`GpuSample.read_hung`, its values absent), the reader stuck in it is left
+to return whenever the driver lets it (its result is dropped), and a new
+reader reads the other GPUs (those queued behind it are taken back from it,
+so none is read twice). While that call has not returned, no other read of
+the GPU is started (threads do not pile up on a stuck GPU); once it has, the
+GPU is read again at the next poll. A hang is not evidence of a hardware
+fault (the stall in DCGM #313 is on a GPU that works, and ends when its load
+does): a GPU that is lost says so by its answers, not by its silence.
+Restarting the daemon would not help either: a call stuck in the kernel
+stays stuck, and the restarted monitor blocks on it again (NVIDIA/NVSentinel
+#1576). The XID thread's waits are bounded by their one-second timeout.
 """
 
 from __future__ import annotations
@@ -868,16 +869,36 @@ class _Job:
     def __init__(self, gpu: _Gpu, read: Callable[[], GpuSample], started: float) -> None:
         self.gpu = gpu
         self.started = started
+        # When the reader began the read, on the daemon's clock: its deadline
+        # counts from there, not from the reads queued before it.
+        self.began: float | None = None
         self.done = threading.Event()
         self.sample: GpuSample | None = None
-        # The call the poll gave up in, once it has.
+        # The reader it was handed to, and the call the poll gave up in, once it has.
+        self.reader: _Reader | None = None
         self.given_up_in: str | None = None
         self.lost: str | None = None
         self.unanswered: _Unanswered | None = None
         self.error: Exception | None = None
         self._read = read
+        # Taken for good by whichever comes first: the reader that runs the
+        # read, or the poll that takes it back from a reader stuck before it
+        # (`cancel`). So a read is never run twice, nor by a stuck reader
+        # once it returns.
+        self._claim = threading.Lock()
 
-    def run(self) -> None:
+    def cancel(self) -> bool:
+        """Take the read from its reader; False when the reader has begun it."""
+        return self._claim.acquire(blocking=False)
+
+    def again(self) -> _Job:
+        """The same read, for another reader (this one cancelled)."""
+        return _Job(self.gpu, self._read, self.started)
+
+    def run(self, clock: Clock) -> None:
+        if not self._claim.acquire(blocking=False):
+            return  # taken back by the poll
+        self.began = clock.now()
         try:
             self.sample = self._read()
         except _GpuLost as lost:
@@ -898,23 +919,27 @@ class _Job:
 
 
 class _Reader:
-    """A thread that does the reads it is given, one at a time, until it is
-    closed or given up (it then ends after the read it is stuck in)."""
+    """A thread that does the reads it is given, one at a time in the order
+    given, until it is closed or given up (it then ends after the read it is
+    stuck in, skipping those taken back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gpuwatchd-nvml", daemon=True)
         self._thread.start()
 
-    def read(self, job: _Job) -> None:
-        self._jobs.put(job)
+    def read(self, jobs: Sequence[_Job]) -> None:
+        for job in jobs:
+            job.reader = self
+            self._jobs.put(job)
 
     def close(self) -> None:
         self._jobs.put(None)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            job.run()
+            job.run(self._clock)
 
 
 class _GpuRead:
@@ -2105,7 +2130,7 @@ class NvmlSource:
             events, sxids = logged.xids, logged.sxids
         for event in events:
             self._gpus[event.gpu].xid_counts[event.code] += 1
-        gpus = tuple(self._sample(gpu, now) for gpu in self._gpus)
+        gpus = self._sample_gpus(now)
         self._availability.flush()
         return Reading(
             source=self.name,
@@ -2127,7 +2152,37 @@ class NvmlSource:
                 found[address] = (gpu.index, gpu.identity.get("uuid"))
         return found
 
-    def _sample(self, gpu: _Gpu, now: float) -> GpuSample:
+    def _sample_gpus(self, now: float) -> tuple[GpuSample, ...]:
+        """Every GPU's sample: the reads are handed to the reader all at once
+        (a hand-over a GPU costs two thread switches) and waited for in turn."""
+        samples: dict[int, GpuSample] = {}
+        waiting: list[_Job] = []
+        for gpu in self._gpus:
+            hung = self._still_stuck(gpu, now)
+            if hung is not None:
+                samples[gpu.index] = hung
+            else:
+                waiting.append(_Job(gpu, partial(self._read, gpu, now), now))
+        if self._reader is None:
+            self._reader = _Reader(self._clock)
+        self._reader.read(waiting)
+        if waiting:
+            # Woken once for the whole batch, not at each read (a wake-up
+            # takes the interpreter from the reader): this wait ends by the
+            # first read's deadline, and `_await` keeps each read's own.
+            self._clock.wait_until(waiting[-1].done, self._deadline(waiting[0]))
+        try:
+            while waiting:
+                job = waiting.pop(0)
+                samples[job.gpu.index] = self._await(job, waiting)
+        finally:
+            for job in waiting:  # a read that raised: the others are not read either
+                job.cancel()
+        return tuple(samples[gpu.index] for gpu in self._gpus)
+
+    @staticmethod
+    def _still_stuck(gpu: _Gpu, now: float) -> GpuSample | None:
+        """The sample of a GPU whose given-up call has not returned yet."""
         stuck = gpu.stuck
         if stuck is not None:
             if not stuck.done.is_set():
@@ -2136,15 +2191,15 @@ class NvmlSource:
                     "not read again until it does"
                 )
             gpu.stuck = None
-        job = _Job(gpu, lambda: self._read(gpu, now), now)
-        if self._reader is None:
-            self._reader = _Reader()
-        # The deadline is set before the read starts: a clock that moves
-        # while it runs (a test's, once the read is stuck) counts against it.
-        deadline = self._clock.now() + self._read_timeout
-        self._reader.read(job)
-        if not self._clock.wait_until(job.done, deadline):
-            return self._give_up(job)
+        return None
+
+    def _await(self, job: _Job, behind: list[_Job]) -> GpuSample:
+        """`job`'s sample once read, or the GPU reported unreadable when the
+        read has not returned `read_timeout` after it began; the reads
+        `behind` it then go to a new reader."""
+        gpu = job.gpu
+        if not self._clock.wait_until(job.done, self._deadline(job)):
+            return self._give_up(job, behind)
         if job.error is not None:
             raise job.error
         if job.lost is not None:
@@ -2176,15 +2231,25 @@ class NvmlSource:
             gpu.answering = False
         return gpu.unanswered_sample(unanswered)
 
-    def _give_up(self, job: _Job) -> GpuSample:
-        """Leave the reader stuck in `job` to return when the driver lets it
-        (the other GPUs get a new one), and report its GPU unreadable."""
+    def _deadline(self, job: _Job) -> float:
+        """`read_timeout` after the read began; a read not begun yet begins
+        after now, so a deadline from now is not later."""
+        began = job.began
+        return (self._clock.now() if began is None else began) + self._read_timeout
+
+    def _give_up(self, job: _Job, behind: list[_Job]) -> GpuSample:
+        """Leave the reader stuck in `job` to return when the driver lets it,
+        take back the reads queued behind it for a new reader, and report
+        its GPU unreadable."""
         gpu = job.gpu
         job.given_up_in = gpu.calling
         gpu.stuck = job
-        if self._reader is not None:
-            self._reader.close()
+        stuck = job.reader
+        if stuck is not None:
+            stuck.close()
+        if self._reader is stuck:
             self._reader = None
+        self._take_back(stuck, behind)
         log.warning(
             "GPU %d (%s): %s has not returned after %gs; reporting the GPU unreadable "
             "and reading the others",
@@ -2194,6 +2259,20 @@ class NvmlSource:
             self._read_timeout,
         )
         return gpu.hung_sample(f"{job.given_up_in} has not returned within {self._read_timeout:g}s")
+
+    def _take_back(self, stuck: _Reader | None, behind: list[_Job]) -> None:
+        """Hand the reads queued on the `stuck` reader to a new one, in their
+        order, in place in `behind`; one that reader has begun already (its
+        last read returned at the deadline) stays where it runs."""
+        again: list[_Job] = []
+        for at, job in enumerate(behind):
+            if job.reader is stuck and job.cancel():
+                behind[at] = job.again()
+                again.append(behind[at])
+        if again:
+            if self._reader is None:
+                self._reader = _Reader(self._clock)
+            self._reader.read(again)
 
     def _read(self, gpu: _Gpu, now: float) -> GpuSample:
         self._acquire(gpu)
