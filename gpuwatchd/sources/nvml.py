@@ -2154,7 +2154,8 @@ class NvmlSource:
 
     def _sample_gpus(self, now: float) -> tuple[GpuSample, ...]:
         """Every GPU's sample: the reads are handed to the reader all at once
-        (a hand-over a GPU costs two thread switches) and waited for in turn."""
+        and waited for together, each to its own deadline (a hand-over and a
+        wake-up a GPU cost thread switches)."""
         samples: dict[int, GpuSample] = {}
         waiting: list[_Job] = []
         for gpu in self._gpus:
@@ -2163,10 +2164,8 @@ class NvmlSource:
                 samples[gpu.index] = hung
             else:
                 waiting.append(_Job(gpu, partial(self._read, gpu, now), now))
-        if self._reader is None:
-            self._reader = _Reader(self._clock)
-        self._reader.read(waiting)
         if waiting:
+            self._hand_over(waiting)
             # Woken once for the whole batch, not at each read (a wake-up
             # takes the interpreter from the reader): this wait ends by the
             # first read's deadline, and `_await` keeps each read's own.
@@ -2270,9 +2269,12 @@ class NvmlSource:
                 behind[at] = job.again()
                 again.append(behind[at])
         if again:
-            if self._reader is None:
-                self._reader = _Reader(self._clock)
-            self._reader.read(again)
+            self._hand_over(again)
+
+    def _hand_over(self, jobs: list[_Job]) -> None:
+        if self._reader is None:
+            self._reader = _Reader(self._clock)
+        self._reader.read(jobs)
 
     def _read(self, gpu: _Gpu, now: float) -> GpuSample:
         self._acquire(gpu)
