@@ -1,7 +1,6 @@
-"""Sysfs files held open between polls (`HeldFiles`) and the PCIe and
-InfiniBand sources over them: a held file is re-read at offset 0, as sysfs
-is meant to be read again, and never says what a file renamed over it or
-removed said.
+"""Sysfs files held open between polls (`HeldFiles`) and the PCIe source over
+them: a held file is re-read at offset 0, as sysfs is meant to be read again,
+and never says what a file renamed over it or removed said.
 
 The directories here are stamped a minute back (`settled`), as a node's are
 long after boot: only then are the files held from poll to poll (a directory
@@ -15,11 +14,10 @@ import time
 from pathlib import Path
 
 from gpu_history import POLL, T0
-from test_infiniband_source import make_port
 from test_pcie_aer import GPU_ADDRESS, aer_file, function_dir, node_tree
 
-from gpuwatchd.sources import InfinibandSourceConfig, PcieSourceConfig
-from gpuwatchd.sources.infiniband import HeldFiles, InfinibandSource
+from gpuwatchd.sources import PcieSourceConfig
+from gpuwatchd.sources.infiniband import HeldFiles
 from gpuwatchd.sources.pcie import PcieSource
 
 
@@ -196,59 +194,3 @@ def test_the_pcie_source_reads_a_function_replaced_at_its_address_from_its_own_f
     settled(plugged).rename(gpu)
     assert (source.poll(T0 + POLL).pcie_functions or ())[0].aer_errors["nonfatal"] == 9
     assert not {path for path in open_under(tmp_path) if path.startswith("unplugged/")}
-
-
-def settled_port(root: Path) -> Path:
-    port = make_port(root)
-    for directory in (port, port / "counters", port / "hw_counters"):
-        settled(directory)
-    return port
-
-
-def infiniband(root: Path) -> InfinibandSource:
-    return InfinibandSource(InfinibandSourceConfig(sysfs_root=str(root), counter_interval=60.0))
-
-
-def test_the_infiniband_source_holds_a_ports_judged_files_and_reads_a_state_rewritten_there(
-    tmp_path: Path,
-) -> None:
-    port = settled_port(tmp_path)
-    source = infiniband(tmp_path)
-    source.poll(T0)
-    source.poll(T0 + POLL)  # a prompt read: the judged files opened
-    judged = {"state", "phys_state", "rate"}
-    assert open_under(port) == judged
-    (port / "state").write_text("1: DOWN\n")
-    (port / "counters" / "symbol_error").write_text("5\n")
-    sample = (source.poll(T0 + 2 * POLL).ports or ())[0]
-    assert (sample.state, sample.counters["symbol_error"]) == ("DOWN", 5)
-    source.close()
-    assert open_under(tmp_path) == set()
-
-
-def test_the_infiniband_source_reads_a_state_renamed_over_a_held_one(tmp_path: Path) -> None:
-    port = settled_port(tmp_path)
-    source = infiniband(tmp_path)
-    source.poll(T0)
-    source.poll(T0 + POLL)
-    replaced(port / "state", "1: DOWN\n")
-    assert (source.poll(T0 + 2 * POLL).ports or ())[0].state == "DOWN"
-
-
-def test_the_infiniband_source_reads_a_recreated_device_from_its_own_files(
-    tmp_path: Path,
-) -> None:
-    """A driver reload re-creates the device: the new one's state, never what
-    the old one's held files said, and none of them left open."""
-    settled_port(tmp_path)
-    source = infiniband(tmp_path)
-    source.poll(T0)
-    source.poll(T0 + POLL)
-    device = tmp_path / "class" / "infiniband" / "mlx5_0"
-    reloaded = make_port(tmp_path / "reloaded")
-    (reloaded / "state").write_text("2: INIT\n")
-    device.rename(tmp_path / "unloaded")
-    (tmp_path / "reloaded" / "class" / "infiniband" / "mlx5_0").rename(device)
-    assert (source.poll(T0 + 2 * POLL).ports or ())[0].state == "INIT"
-    assert (source.poll(T0 + 3 * POLL).ports or ())[0].state == "INIT"
-    assert not {path for path in open_under(tmp_path) if path.startswith("unloaded/")}

@@ -11,10 +11,7 @@ sample keeps the values last read meanwhile. A port whose state or rate
 changed, whose link went down or recovered (link_downed, link_error_recovery:
 it may have retrained at another rate) or whose counters went back (a reset)
 is read whole at once. A port whose files say what they said last poll is
-handed back as the same sample object. A port's JUDGED_FILES stay open
-between polls and are read at offset 0 (`HeldFiles`, which says why that
-is sysfs-correct and how a tree of plain files is checked); `close` closes
-them. What a file does not say (missing,
+handed back as the same sample object. What a file does not say (missing,
 empty, unreadable, `N/A (no PMA)`, a number that is not a u64) is an absent
 value, logged once per file; it never stops the rest of the port from being
 read. A device that disappears while it is read (hot unplug, driver reload) is
@@ -89,11 +86,6 @@ JUDGED_FILES = ("state", "phys_state", "rate")
 # A link that went down or retrained between two polls may have come back at
 # another rate without a state change that the polls saw.
 FLAP_COUNTERS = ("link_downed", "link_error_recovery")
-# Ports whose JUDGED_FILES stay open between polls (three each): a node has 8
-# to 16; one whose SR-IOV virtual functions list as devices could have
-# hundreds, which are read by path so that the daemon's descriptors (1024
-# under systemd's default soft limit) are not spent on them.
-MAX_HELD_PORTS = 64
 
 # `4: ACTIVE`, `5: LinkUp`: a number, a colon, a name.
 _STATE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
@@ -385,23 +377,9 @@ class _HeldPort:
     sample: PortSample  # the last poll's: what the next prompt read compares with
     directory: str
     judged: tuple[str | None, ...]  # the texts of JUDGED_FILES
-    judged_files: HeldFiles | None  # JUDGED_FILES open, where the port is among MAX_HELD_PORTS
     # The PROMPT_COUNTERS its counters/ held as numbers, each with its path
-    # and the bytes one of its units is.
+    # under `directory` and the bytes one of its units is.
     prompt: tuple[tuple[str, str, int], ...]
-
-    def judged_bytes(self) -> tuple[bytes, ...] | None:
-        """What JUDGED_FILES hold now; None where any does not read."""
-        if self.judged_files is not None:
-            return self.judged_files.read()
-        try:
-            return tuple(read_bytes(f"{self.directory}/{file}") for file in JUDGED_FILES)
-        except OSError:
-            return None
-
-    def close(self) -> None:
-        if self.judged_files is not None:
-            self.judged_files.close()
 
 
 class InfinibandSource:
@@ -449,8 +427,7 @@ class InfinibandSource:
         names = {device.device for device in devices}
         self._devices = {name: held for name, held in self._devices.items() if name in names}
         keys = {(port.device, port.port) for port in ports}
-        for key in self._ports.keys() - keys:
-            self._ports.pop(key).close()
+        self._ports = {key: held for key, held in self._ports.items() if key in keys}
 
     def _nothing(self, now: float, reason: str) -> Reading:
         """A poll that found no device: read (no ports, so expected ports are
@@ -472,9 +449,7 @@ class InfinibandSource:
         return False
 
     def close(self) -> None:
-        for held in self._ports.values():
-            held.close()
-        self._ports.clear()
+        """Nothing is held open between polls."""
 
     def _held_device(self, name: str, inode: int, now: float) -> _HeldDevice | None:
         """The device as last read, unless it is to be read whole now."""
@@ -563,16 +538,10 @@ class InfinibandSource:
                 return prompt[0]
         sample, judged = self._read_port(device, number, directory, attempt)
         prompt_files = tuple(
-            (name, f"{directory}/counters/{name}", BYTES_PER_WORD if name in WORD_COUNTERS else 1)
+            (name, f"counters/{name}", BYTES_PER_WORD if name in WORD_COUNTERS else 1)
             for name in sorted(PROMPT_COUNTERS & sample.counters.keys())
         )
-        # The last read's open files, where there are: they check for
-        # themselves that they are the directory's (a re-created port's are not).
-        last = self._ports.get((device, number))
-        files = None if last is None else last.judged_files
-        if files is None and len(self._ports) < MAX_HELD_PORTS:
-            files = HeldFiles(directory, JUDGED_FILES)
-        self._ports[(device, number)] = _HeldPort(sample, directory, judged, files, prompt_files)
+        self._ports[(device, number)] = _HeldPort(sample, directory, judged, prompt_files)
         return sample
 
     def _prompt_samples(self, device: str, numbers: tuple[int, ...]) -> list[PortSample] | None:
@@ -637,18 +606,23 @@ def _prompt_read(held: _HeldPort) -> PortSample | None:
     """The port's sample from its JUDGED_FILES and PROMPT_COUNTERS, the rest
     as `held` has it; None where the port is to be read whole: a file that
     does not read as before (a changed state or rate, an error, a counter
-    that is no plain number), a flap, or a counter gone back. The held
-    sample itself where nothing changed."""
+    that is no plain number), a flap, or a counter gone back. The files are
+    opened relative to the port's directory; the held sample itself where
+    nothing changed."""
     if None in held.judged:
         return None  # judged by the whole read, which skips refused files
-    judged = held.judged_bytes()
-    if judged is None or tuple(text_of(data) for data in judged) != held.judged:
+    try:
+        folder = os.open(held.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return None
     last = held.sample.counters
     changed: dict[str, int] = {}
     try:
+        for file, text in zip(JUDGED_FILES, held.judged, strict=True):
+            if text_of(read_bytes(file, folder)) != text:
+                return None
         for name, path, unit in held.prompt:
-            value = _plain_u64(read_bytes(path))
+            value = _plain_u64(read_bytes(path, folder))
             if value is None:
                 return None  # the whole read judges and says what it is
             value *= unit
@@ -658,6 +632,8 @@ def _prompt_read(held: _HeldPort) -> PortSample | None:
                 changed[name] = value
     except OSError:
         return None
+    finally:
+        os.close(folder)
     return replace(held.sample, counters={**last, **changed}) if changed else held.sample
 
 
