@@ -40,6 +40,7 @@ import errno
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -126,6 +127,82 @@ def read_bytes(path: str, folder: int | None = None) -> bytes:
         return os.read(descriptor, 4096)
     finally:
         os.close(descriptor)
+
+
+# A directory's mtime (which an entry created, removed or renamed over moves)
+# is trusted to tell a change only where it was taken well after the
+# directory last changed: file systems stamp from a coarse clock (a jiffy on
+# ext4, xfs and tmpfs; 2 s on FAT), so a change in the tick of the stamp
+# could leave it as it was (git's "racy" index entries).
+RACY_NANOSECONDS = 2_000_000_000
+
+
+class HeldFiles:
+    """Files of one directory held open between polls and read at offset 0.
+
+    On sysfs that is how an attribute is read again: a read at offset 0 calls
+    its show() anew (Documentation/filesystems/sysfs.rst: "If userspace seeks
+    back to zero or does a pread(2) with an offset of '0' the show() method
+    will be called again, rearmed, to fill the buffer"), and once its device
+    is removed a held file's read fails (kernfs_seq_start: ENODEV). A tree of
+    plain files (a capture, the simulator, a test's) changes by files renamed
+    over others or removed, and there a held file would go on saying what the
+    replaced one said. So each read first stats the directory by its path and
+    opens the files again where the path names another directory, one whose
+    entries changed since (which moves its mtime), or one that changed too
+    shortly before they were opened for its stamp to tell.
+    """
+
+    def __init__(self, directory: str, names: tuple[str, ...]) -> None:
+        self.directory = directory
+        self.names = names
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._descriptors: tuple[int, ...] = ()
+
+    def read(self) -> tuple[bytes, ...] | None:
+        """Every file's bytes; None where the directory or any file does not
+        read (the caller then reads them one by one, and says what is wrong)."""
+        try:
+            status = os.stat(self.directory)
+        except OSError:
+            self.close()
+            return None
+        stamp = (status.st_dev, status.st_ino, status.st_mtime_ns, status.st_ctime_ns)
+        if stamp != self._stamp:
+            self._open(stamp, status.st_mtime_ns)
+        if not self._descriptors:
+            return None  # they did not open at this stamp: not tried again until it moves
+        try:
+            return tuple(os.pread(descriptor, 4096, 0) for descriptor in self._descriptors)
+        except OSError:
+            self.close()
+            return None
+
+    def _open(self, stamp: tuple[int, int, int, int], modified_ns: int) -> None:
+        self.close()
+        opened: list[int] = []
+        try:
+            for name in self.names:
+                path = f"{self.directory}/{name}"
+                opened.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            for descriptor in opened:
+                os.close(descriptor)
+            opened = []
+        self._descriptors = tuple(opened)
+        racy = time.time_ns() - modified_ns < RACY_NANOSECONDS
+        self._stamp = None if racy else stamp
+
+    def close(self) -> None:
+        for descriptor in self._descriptors:
+            os.close(descriptor)
+        self._descriptors = ()
+        self._stamp = None
+
+    def __del__(self) -> None:
+        # A source dropped unclosed (a one-off reader, a test's) must not
+        # leave its descriptors open for the rest of the process.
+        self.close()
 
 
 def text_of(data: bytes) -> str:
@@ -293,13 +370,16 @@ class _HeldDevice:
     ports: tuple[int, ...]  # fixed while the device stays (ib_register_device)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _HeldPort:
     """A port's last sample, and what its last whole read was read with."""
 
-    sample: PortSample
+    sample: PortSample  # the last poll's: what the next prompt read compares with
+    directory: str
     judged: tuple[str | None, ...]  # the texts of JUDGED_FILES
-    prompt: tuple[str, ...]  # the PROMPT_COUNTERS its counters/ held as numbers
+    # The PROMPT_COUNTERS its counters/ held as numbers, each with its path
+    # under `directory` and the bytes one of its units is.
+    prompt: tuple[tuple[str, str, int], ...]
 
 
 class InfinibandSource:
@@ -381,10 +461,14 @@ class InfinibandSource:
     def _read_device(
         self, name: str, inode: int, now: float
     ) -> tuple[InfinibandDevice, list[PortSample]] | None:
+        held = self._held_device(name, inode, now)
+        if held is not None:
+            prompt = self._prompt_samples(name, held.ports)
+            if prompt is not None:
+                return held.device, prompt
         directory = os.path.join(self._class_dir, name)
         skip = self._refused_files(name, directory)
         attempt = _Attempt(f"ib:{name}", skip=skip)
-        held = self._held_device(name, inode, now)
         ports_dir = os.path.join(directory, "ports")
         if held is None:
             facts = {file: attempt.text(os.path.join(directory, file)) for file in DEVICE_FILES}
@@ -448,18 +532,33 @@ class InfinibandSource:
     ) -> PortSample:
         """The port read whole, or only its prompt files where its last sample
         holds the rest and nothing says the rest changed."""
-        held = None if whole else self._ports.get((device, number))
-        if held is not None:
-            sample = _prompt_read(held, directory)
-            if sample is held.sample:
-                return sample
-            if sample is not None:
-                self._ports[(device, number)] = replace(held, sample=sample)
-                return sample
+        if not whole:
+            prompt = self._prompt_samples(device, (number,))
+            if prompt is not None:
+                return prompt[0]
         sample, judged = self._read_port(device, number, directory, attempt)
-        prompt = tuple(sorted(PROMPT_COUNTERS & sample.counters.keys()))
-        self._ports[(device, number)] = _HeldPort(sample, judged, prompt)
+        prompt_files = tuple(
+            (name, f"counters/{name}", BYTES_PER_WORD if name in WORD_COUNTERS else 1)
+            for name in sorted(PROMPT_COUNTERS & sample.counters.keys())
+        )
+        self._ports[(device, number)] = _HeldPort(sample, directory, judged, prompt_files)
         return sample
+
+    def _prompt_samples(self, device: str, numbers: tuple[int, ...]) -> list[PortSample] | None:
+        """The ports' samples from a prompt read each; None where any of them
+        is to be read whole (and then the device's read goes the long way,
+        which tries the others' prompt reads again). Most polls of a device
+        end here, so it makes no _Attempt: a prompt read that meets anything
+        to say leaves that to the whole read."""
+        samples: list[PortSample] = []
+        for number in numbers:
+            held = self._ports.get((device, number))
+            sample = None if held is None else _prompt_read(held)
+            if held is None or sample is None:
+                return None
+            held.sample = sample
+            samples.append(sample)
+        return samples
 
     def _read_port(
         self, device: str, number: int, directory: str, attempt: _Attempt
@@ -503,7 +602,7 @@ class InfinibandSource:
         log.log(logging.INFO if missing else logging.WARNING, message)
 
 
-def _prompt_read(held: _HeldPort, directory: str) -> PortSample | None:
+def _prompt_read(held: _HeldPort) -> PortSample | None:
     """The port's sample from its JUDGED_FILES and PROMPT_COUNTERS, the rest
     as `held` has it; None where the port is to be read whole: a file that
     does not read as before (a changed state or rate, an error, a counter
@@ -513,31 +612,29 @@ def _prompt_read(held: _HeldPort, directory: str) -> PortSample | None:
     if None in held.judged:
         return None  # judged by the whole read, which skips refused files
     try:
-        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        folder = os.open(held.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
+    last = held.sample.counters
+    changed: dict[str, int] = {}
     try:
-        judged = tuple(text_of(read_bytes(file, folder)) for file in JUDGED_FILES)
-        if judged != held.judged:
-            return None
-        values: dict[str, int] = {}
-        for name in held.prompt:
-            value = _plain_u64(read_bytes(f"counters/{name}", folder))
+        for file, text in zip(JUDGED_FILES, held.judged, strict=True):
+            if text_of(read_bytes(file, folder)) != text:
+                return None
+        for name, path, unit in held.prompt:
+            value = _plain_u64(read_bytes(path, folder))
             if value is None:
                 return None  # the whole read judges and says what it is
-            values[name] = value * BYTES_PER_WORD if name in WORD_COUNTERS else value
+            value *= unit
+            if value != last[name]:
+                if value < last[name] or name in FLAP_COUNTERS:
+                    return None
+                changed[name] = value
     except OSError:
         return None
     finally:
         os.close(folder)
-    last = held.sample.counters
-    changed = False
-    for name, value in values.items():
-        if value != last[name]:
-            if value < last[name] or name in FLAP_COUNTERS:
-                return None
-            changed = True
-    return replace(held.sample, counters={**last, **values}) if changed else held.sample
+    return replace(held.sample, counters={**last, **changed}) if changed else held.sample
 
 
 def _plain_u64(data: bytes) -> int | None:

@@ -25,6 +25,10 @@ Unchanged in, unchanged out: whether a `bus/pci/devices` entry is an NVIDIA
 GPU is read once per entry (its inode: a function removed and added again is
 a new entry), and a function whose five files say what they said last poll
 is handed back as the same sample object, an AER file as the same parse.
+The five files of each function stay open between polls and are read at
+offset 0 (`HeldFiles`: how sysfs is meant to be read again, and checked
+against files renamed or removed in a tree of plain files); `close` closes
+them.
 """
 
 from __future__ import annotations
@@ -37,7 +41,13 @@ from dataclasses import dataclass
 
 from gpuwatchd.model import AER_SEVERITIES, PcieFunctionSample, Reading
 from gpuwatchd.sources import PcieSourceConfig
-from gpuwatchd.sources.infiniband import parse_counter, read_attribute, read_bytes, text_of
+from gpuwatchd.sources.infiniband import (
+    HeldFiles,
+    parse_counter,
+    read_attribute,
+    read_bytes,
+    text_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +200,12 @@ def nvidia_gpus_on_bus(sysfs_root: str) -> tuple[str, ...]:
 # The files of a function, in the order its sample key holds their bytes.
 AER_FILES = tuple(file for file, _ in AER_SEVERITIES.values())
 LINK_FILES = ("current_link_speed", "current_link_width")
+# Functions whose files stay open between polls (five each): an HGX node has
+# 8 GPUs and up to 16 HCA functions; a node whose SR-IOV virtual functions
+# list as HCAs could have hundreds, and those beyond it are opened at each
+# read, so that the daemon's descriptors (1024 under systemd's default soft
+# limit) are not spent on them.
+MAX_HELD_FUNCTIONS = 48
 
 
 @dataclass(frozen=True)
@@ -216,41 +232,61 @@ class PcieSource:
         self._devices_dir = os.path.join(config.sysfs_root, *DEVICES_PATH)
         self._infiniband_dir = os.path.join(config.sysfs_root, *INFINIBAND_PATH)
         self._reported: set[str] = set()
-        # Per bus entry: its inode and whether it is an NVIDIA GPU. A PCI
-        # function's vendor and class do not change while it exists.
-        self._entries: dict[str, tuple[int, bool]] = {}
+        # Per bus entry: its inode and its function where it is an NVIDIA
+        # GPU. A PCI function's vendor and class do not change while it exists.
+        self._entries: dict[str, tuple[int, _Function | None]] = {}
+        self._listed: list[tuple[str, int]] = []  # the entries they are of
+        # The HCAs' functions by InfiniBand device and address, and the
+        # functions the last poll read: what it kept the rest for.
+        self._hcas: dict[tuple[str, str], _Function] = {}
+        self._found: list[_Function] = []
         # Per function: the files' contents of the last poll and its sample.
         self._samples: dict[_Function, tuple[_Contents, PcieFunctionSample]] = {}
         # Per AER file: its last bytes and their parse.
         self._aer: dict[str, tuple[bytes, tuple[int, dict[str, int]]]] = {}
+        # Per function: its AER and link files, open.
+        self._held: dict[_Function, HeldFiles] = {}
 
     def poll(self, now: float) -> Reading:
         found = self._functions()
         functions = [self._sample(function) for function in found]
-        self._forget_all_but(found)
+        if found != self._found:
+            self._forget_all_but(found)
+            self._found = found
         if not functions:
             reason = f"no GPU or InfiniBand PCIe function under {self._devices_dir}"
             return Reading(source=self.name, time=now, pcie_functions=(), error=reason)
         return Reading(source=self.name, time=now, pcie_functions=tuple(functions))
 
     def close(self) -> None:
-        """Nothing is held open between polls."""
+        for files in self._held.values():
+            files.close()
+        self._held.clear()
 
     def _functions(self) -> list[_Function]:
-        """Every function to read, by address."""
+        """Every function to read, by address; the same objects while their
+        entries stay (which spares building and hashing new ones)."""
         found: dict[str, _Function] = {}
         entries = self._listing(self._devices_dir)
         for address, inode in entries:
-            if _ADDRESS_RE.match(address) and self._is_gpu(address, inode):
-                found[address] = _Function(address, f"{self._devices_dir}/{address}", "gpu", None)
-        known = {address for address, _ in entries}
-        self._entries = {a: e for a, e in self._entries.items() if a in known}
+            gpu = self._gpu(address, inode)
+            if gpu is not None:
+                found[address] = gpu
+        if entries != self._listed:
+            known = {address for address, _ in entries}
+            self._entries = {a: e for a, e in self._entries.items() if a in known}
+            self._listed = entries
+        hcas: dict[tuple[str, str], _Function] = {}
         for name, _ in self._listing(self._infiniband_dir):
             hca = self._hca_address(name)
             if hca is not None and hca not in found:
                 # Every PCI function has its entry under bus/pci/devices, a
                 # link to the directory the HCA's `device` link leads to.
-                found[hca] = _Function(hca, f"{self._devices_dir}/{hca}", "hca", name)
+                function = self._hcas.get((name, hca))
+                if function is None:
+                    function = _Function(hca, f"{self._devices_dir}/{hca}", "hca", name)
+                found[hca] = hcas[(name, hca)] = function
+        self._hcas = hcas
         return [found[address] for address in sorted(found)]
 
     def _hca_address(self, name: str) -> str | None:
@@ -275,25 +311,31 @@ class PcieSource:
             self._report_once(directory, f"pcie: cannot list {directory}: {error.strerror}")
             return []
 
-    def _is_gpu(self, address: str, inode: int) -> bool:
+    def _gpu(self, address: str, inode: int) -> _Function | None:
+        """The function of a bus entry where it is an NVIDIA GPU."""
         known = self._entries.get(address)
         if known is not None and known[0] == inode:
             return known[1]
         directory = f"{self._devices_dir}/{address}"
-        vendor = self._text(f"{directory}/vendor")
-        is_gpu = (
-            vendor is not None
-            and _hex(vendor) == NVIDIA_VENDOR
-            and nvidia_gpu(vendor, self._text(f"{directory}/class"))
-        )
-        self._entries[address] = (inode, is_gpu)
-        return is_gpu
+        function = None
+        if _ADDRESS_RE.match(address):
+            vendor = self._text(f"{directory}/vendor")
+            if (
+                vendor is not None
+                and _hex(vendor) == NVIDIA_VENDOR
+                and nvidia_gpu(vendor, self._text(f"{directory}/class"))
+            ):
+                function = _Function(address, directory, "gpu", None)
+        self._entries[address] = (inode, function)
+        return function
 
     def _forget_all_but(self, functions: list[_Function]) -> None:
         kept = set(functions)
         self._samples = {f: held for f, held in self._samples.items() if f in kept}
         paths = {f"{f.directory}/{file}" for f in functions for file in AER_FILES}
         self._aer = {path: held for path, held in self._aer.items() if path in paths}
+        for function in self._held.keys() - kept:
+            self._held.pop(function).close()
 
     def _sample(self, function: _Function) -> PcieFunctionSample:
         contents = self._contents(function)
@@ -305,6 +347,15 @@ class PcieSource:
         return sample
 
     def _contents(self, function: _Function) -> _Contents:
+        """The bytes of the function's AER and link files: from its files
+        held open where they all read, else one by one."""
+        files = self._held.get(function)
+        if files is None and len(self._held) < MAX_HELD_FUNCTIONS:
+            files = self._held[function] = HeldFiles(function.directory, AER_FILES + LINK_FILES)
+        held = None if files is None else files.read()
+        return held if held is not None else self._read_contents(function)
+
+    def _read_contents(self, function: _Function) -> _Contents:
         """The bytes of the function's AER and link files, read relative to
         its directory (one walk down the path, not one a file)."""
         try:
