@@ -42,6 +42,7 @@ from gpuwatchd.checks import CheckOutput
 from gpuwatchd.counters import (
     Increase,
     is_saturated,
+    saturation_max,
     since_cleared,
     until_saturated,
 )
@@ -80,6 +81,13 @@ TELEMETRY_COUNTERS = frozenset({"port_xmit_wait"})
 # The counters that stand still on a healthy port (traffic moves the others),
 # watched by one change mark with the port's state (`_quiet`).
 QUIET_COUNTERS = (*FLAP_COUNTERS, *SYMBOL_COUNTERS, *RECEIVE_ERROR_COUNTERS, "port_xmit_discards")
+
+# The value each IBTA counter stands at once saturated.
+_SATURATION_MAX = {
+    name: limit
+    for name, bits in COUNTER_BITS.items()
+    if (limit := saturation_max(bits)) is not None
+}
 
 _PORT_PATTERN = re.compile(r"^[^/\s]+/[^/\s]+$")
 _WILDCARDS = frozenset("*?[")
@@ -305,16 +313,6 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
     latest = track.samples[-1]
     state_bad = latest.state_id is not None and latest.state_id != ACTIVE
     physical_bad = latest.physical_state_id is not None and latest.physical_state_id != LINK_UP
-    evidence: dict[str, float | int | str] = {
-        key: value
-        for key, value in (
-            ("state_id", latest.state_id),
-            ("state", latest.state),
-            ("physical_state_id", latest.physical_state_id),
-            ("physical_state", latest.physical_state),
-        )
-        if value is not None
-    }
     if state_bad or physical_bad:
         state = latest.state or latest.state_id or "?"
         physical = latest.physical_state or latest.physical_state_id or "?"
@@ -324,7 +322,7 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
             Severity.CRITICAL,
             f"port is {state}/{physical}, expected ACTIVE/LinkUp",
             Action.INSPECT_HARDWARE,
-            evidence,
+            _state_evidence(latest),
         )
         return
     rate = latest.rate_bytes_per_second
@@ -345,11 +343,25 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
             f"expected {expected / BYTES_PER_GIGABIT:g} Gb/s",
             Action.INSPECT_HARDWARE,
             {
-                **evidence,
+                **_state_evidence(latest),
                 "rate_gbps": rate / BYTES_PER_GIGABIT,
                 "expected_gbps": expected / BYTES_PER_GIGABIT,
             },
         )
+
+
+def _state_evidence(latest: PortSample) -> dict[str, float | int | str]:
+    """The port's state as read, for a finding (only made for one: most polls have none)."""
+    return {
+        key: value
+        for key, value in (
+            ("state_id", latest.state_id),
+            ("state", latest.state),
+            ("physical_state_id", latest.physical_state_id),
+            ("physical_state", latest.physical_state),
+        )
+        if value is not None
+    }
 
 
 def _active_rate(sample: PortSample) -> tuple[bool, float | None]:
@@ -390,10 +402,11 @@ def _flaps(
     out: _Verdicts,
 ) -> None:
     recent = (track.before(now - config.flap_window), len(track) - 1)
-    still = _standing(track, quiet_since, recent[0])
-    downed, recovered = (_increase(track, recent, name, still) for name in FLAP_COUNTERS)
-    # The state stood still too: never seen to leave ACTIVE/LinkUp.
-    drops = 0 if still is not None else _drops(track, recent[0])
+    if _standing(track, quiet_since, recent[0]) is not None:
+        # The flap counters and the state stood still over the window: no flap.
+        return
+    downed, recovered = (_increase(track, recent, name, None) for name in FLAP_COUNTERS)
+    drops = _drops(track, recent[0])
     # Each drop seen also counts on link_downed where that counter still moves:
     # the larger of the two, never their sum.
     downs = max(int(downed.increase), drops)
@@ -552,6 +565,9 @@ def _congestion(
                     "saturated": int(wait.saturated),
                 },
             )
+    if still is not None:
+        # port_xmit_discards stood still over the window: nothing discarded.
+        return
     discards_judged = _judged(track, first, ("port_xmit_discards",), still)
     discards = _increase(track, discards_judged, "port_xmit_discards", still)
     if discards.increase >= config.xmit_discards_warn_count:
@@ -571,11 +587,12 @@ def _congestion(
 
 
 def _saturation(port: Port, track: Ports, out: _Verdicts) -> None:
-    latest = track.samples[-1]
+    counters = track.samples[-1].counters
+    # What is_saturated says of each counter, at a comparison each: every port, every poll.
     stuck = {
-        name: latest.counters[name]
-        for name, bits in COUNTER_BITS.items()
-        if is_saturated(latest.counters.get(name), bits)
+        name: value
+        for name, limit in _SATURATION_MAX.items()
+        if (value := counters.get(name)) is not None and value >= limit
     }
     for name in stuck:
         out.measure("counter_saturated", port, 1.0, counter=name)
