@@ -283,6 +283,9 @@ def _standing(track: Ports, quiet_since: int, first: int) -> Standing:
 
 
 def _saturated(track: Ports, first: int, last: int, name: str, still: Standing) -> bool:
+    if name not in COUNTER_BITS:
+        # Not an IBTA counter of a fixed width (port_rcv_packets): it never saturates.
+        return False
     if still is not None and name in QUIET_COUNTERS:
         return is_saturated(still.get(name), COUNTER_BITS.get(name))
     return _column(track, name).saturated(first, last)
