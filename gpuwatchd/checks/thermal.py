@@ -126,9 +126,12 @@ def _throttle_ratios(track: Track[GpuSample], now: float, window: float) -> dict
     ratios: dict[str, float] = {}
     for reason in THROTTLE_REASONS:
         seconds = _VIOLATION_SECONDS[reason]
-        if (steady and reason in STEADY_REASONS) or track.last_change(
-            (NAME, "moved", reason), seconds
-        ) <= first:
+        # Power, which moves nearly every poll, goes to its Column at once: a
+        # mark would cost it a poll more. Where a mark says a counter stood
+        # still over the window, its Column would say it grew by nothing.
+        if reason in STEADY_REASONS and (
+            steady or track.last_change((NAME, "moved", reason), seconds) <= first
+        ):
             # Stood still over the window (a change mark costs a poll less
             # than a Column): no throttling, wherever the counter is present.
             if seconds(latest) is not None and spanned:
