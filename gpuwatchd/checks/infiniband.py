@@ -79,7 +79,7 @@ RECEIVED_PACKETS = "port_rcv_packets"
 # ports its 32 bits fill within hours: reported, but at severity ok.
 TELEMETRY_COUNTERS = frozenset({"port_xmit_wait"})
 # The counters that stand still on a healthy port (traffic moves the others),
-# watched by one change mark with the port's state (`_quiet`).
+# watched by one change mark with the port's state and rate (`_quiet`).
 QUIET_COUNTERS = (*FLAP_COUNTERS, *SYMBOL_COUNTERS, *RECEIVE_ERROR_COUNTERS, "port_xmit_discards")
 
 # The value each IBTA counter stands at once saturated.
@@ -239,14 +239,16 @@ def _capacity(sample: PortSample) -> float | None:
     return sample.rate_bytes_per_second
 
 
-def _quiet(sample: PortSample) -> tuple[int | None, ...]:
-    """The port's state and QUIET_COUNTERS: where these stood still since a
-    window began, no flap or error grew in it, which one change mark a poll
-    tells (where a Column each would take every sample in)."""
+def _quiet(sample: PortSample) -> tuple[int | float | None, ...]:
+    """The port's state, rate and QUIET_COUNTERS: where these stood still
+    since a window began, no flap or error grew in it, which one change mark a
+    poll tells (where a Column each would take every sample in); where they
+    stood still over the whole track, so did its state and rate (`_link_state`)."""
     counters = sample.counters
     return (
         sample.state_id,
         sample.physical_state_id,
+        sample.rate_bytes_per_second,
         *(counters.get(name) for name in QUIET_COUNTERS),
     )
 
@@ -312,7 +314,9 @@ def _capacity_bits(track: Ports, stretch: tuple[int, int]) -> float:
     return track.area((NAME, "capacity"), _capacity).integral(*stretch) * BITS_PER_BYTE
 
 
-def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _Verdicts) -> None:
+def _link_state(
+    port: Port, track: Ports, quiet_since: int, config: InfinibandCheckConfig, out: _Verdicts
+) -> None:
     latest = track.samples[-1]
     state_bad = latest.state_id is not None and latest.state_id != ACTIVE
     physical_bad = latest.physical_state_id is not None and latest.physical_state_id != LINK_UP
@@ -331,7 +335,9 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
     rate = latest.rate_bytes_per_second
     if rate is None or latest.state_id != ACTIVE:
         return
-    if track.last_change((NAME, "active rate"), _active_rate):
+    # A mark of its own only where the quiet fields (the state and rate among
+    # them) changed at all: on a healthy port, none to bring up to date.
+    if quiet_since and track.last_change((NAME, "active rate"), _active_rate):
         seen = [s.rate_bytes_per_second for s in track.samples if s.state_id == ACTIVE]
     else:
         # The same state and rate throughout: the latest one's.
@@ -691,11 +697,11 @@ def run(
             if port in expected:
                 _missing(port, track.times[-1], now, port in remembered, out)
             continue
-        if port in expected:
-            _link_state(port, track, config, out)
         # Where the quiet fields last changed: windows from there on are judged
         # with no Column of theirs.
         quiet_since = track.last_change((NAME, "quiet"), _quiet)
+        if port in expected:
+            _link_state(port, track, quiet_since, config, out)
         _flaps(port, track, quiet_since, now, config, out)
         _bit_errors(port, track, quiet_since, now, config, out)
         _congestion(port, track, quiet_since, now, config, out)
