@@ -7,11 +7,19 @@ from __future__ import annotations
 
 from gpu_history import gpu, last_time, link, record, timeline
 
-from gpuwatchd.checks import nvlink, thermal
+from gpuwatchd.checks import infiniband, nvlink, thermal
+from gpuwatchd.checks.infiniband import InfinibandCheckConfig
 from gpuwatchd.checks.nvlink import NvlinkConfig
 from gpuwatchd.checks.thermal import ThermalConfig
 from gpuwatchd.history import History
-from gpuwatchd.model import FABRIC_STATE_COMPLETED, GpuSample, LinkSample
+from gpuwatchd.model import (
+    BYTES_PER_GIGABIT,
+    FABRIC_STATE_COMPLETED,
+    GpuSample,
+    LinkSample,
+    PortSample,
+    Reading,
+)
 
 H100 = "NVIDIA H100 80GB HBM3"
 POLLS = 40
@@ -91,3 +99,53 @@ def test_a_steady_reason_that_moves_while_power_moves_every_poll_is_judged_each_
     shares = {m.labels["reason"]: m.value for m in each_poll[-1].measurements if m.labels["reason"]}
     assert shares["thermal"] == shares["sync_boost"] == shares["hw_thermal_slowdown"] == 0.0
     assert shares["power"] > 0
+
+
+def _port(k: int) -> PortSample:
+    """mlx5_0 port 1 at poll k, ACTIVE/LinkUp with traffic moving its data
+    counters: 400 Gb/s, retrained to 200 Gb/s at poll 20 with every other
+    field still; link_downed counts one flap at poll 25."""
+    counters = {name: 0 for name in infiniband.QUIET_COUNTERS}
+    counters.update(
+        link_downed=int(k >= 25),
+        port_xmit_wait=1000 * k,
+        port_rcv_packets=10**9 * k,
+        port_rcv_data=10**12 * k,
+    )
+    return PortSample(
+        device="mlx5_0",
+        port=1,
+        state_id=infiniband.ACTIVE,
+        state="ACTIVE",
+        physical_state_id=infiniband.LINK_UP,
+        physical_state="LinkUp",
+        rate_bytes_per_second=(400 if k < 20 else 200) * BYTES_PER_GIGABIT,
+        counters=counters,
+    )
+
+
+def _ports(history: History, k: int) -> History:
+    history.record(Reading(source="infiniband", time=last_time(k + 1), ports=(_port(k),)))
+    return history
+
+
+def test_a_port_retrained_with_its_counters_still_is_judged_each_poll_as_afresh() -> None:
+    # The rate is one of the quiet fields whose one mark spares a healthy port
+    # the mark of its state and rate: a retrain with nothing else moving is
+    # still seen, poll after poll, and so is a flap while in its window.
+    config = InfinibandCheckConfig(flap_window=60.0)
+    history = History(max_age_seconds=7200.0)
+    each_poll, fresh = [], []
+    for k in range(POLLS):
+        time = last_time(k + 1)
+        each_poll.append(infiniband.run(_ports(history, k), time, config))
+        afresh = History(max_age_seconds=7200.0)
+        for n in range(k + 1):
+            _ports(afresh, n)
+        fresh.append(infiniband.run(afresh, time, config))
+    assert each_poll == fresh
+    codes = [{f.code for f in output.findings} for output in each_poll]
+    assert ["ib_port_rate_degraded" in found for found in codes] == [k >= 20 for k in range(POLLS)]
+    # The flap of poll 25 counts until poll 31, whose 60 s window opens at the
+    # last sample before it (poll 24's).
+    assert ["ib_link_flapping" in found for found in codes] == [25 <= k <= 31 for k in range(POLLS)]
