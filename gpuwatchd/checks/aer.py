@@ -92,7 +92,8 @@ def _subjects(function: PcieFunctionSample, history: History, gpus: dict[str, st
 
 def run(history: History, now: float, config: AerConfig) -> CheckOutput:
     findings: list[Finding] = []
-    gpus = _gpu_subjects(history)
+    gpus: dict[str, str] | None = None
+    longest = max(config.window, config.correctable_window)
     for address in history.pcie_addresses():
         track = history.pcie_track(address)
         latest = track.samples[-1]
@@ -100,6 +101,11 @@ def run(history: History, now: float, config: AerConfig) -> CheckOutput:
         # window that starts there: on a healthy node one comparison a poll,
         # where each severity's Column would take every sample in.
         changed = track.last_change((NAME, "counts"), _counts)
+        if changed <= track.at_or_before(now - longest):
+            # Nothing grew in any window (`_grown`): no finding to name a subject for.
+            continue
+        if gpus is None:
+            gpus = _gpu_subjects(history)
         subjects = _subjects(latest, history, gpus) or [NODE]
         for subject in subjects:
             findings.extend(_judged(track, latest, changed, subject, now, config))

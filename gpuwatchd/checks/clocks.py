@@ -290,10 +290,12 @@ def _judge(
     means: dict[int, _Mean], last_busy: dict[int, _Mean], config: ClocksConfig
 ) -> dict[int, _Clock]:
     by_model = _by_model(means)
+    # A model's median once, not once for each of its GPUs.
+    medians = {model: statistics.median(busy) for model, busy in by_model.items()}
     judged = {}
     for index, mean in means.items():
         busy = by_model[mean.sample.name]
-        median = statistics.median(busy)
+        median = medians[mean.sample.name]
         alone = len(busy) == 1
         allowed, application = _allowed_clock(mean.sample)
         judged[index] = _Clock(

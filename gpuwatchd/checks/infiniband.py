@@ -42,6 +42,7 @@ from gpuwatchd.checks import CheckOutput
 from gpuwatchd.counters import (
     Increase,
     is_saturated,
+    saturation_max,
     since_cleared,
     until_saturated,
 )
@@ -78,8 +79,15 @@ RECEIVED_PACKETS = "port_rcv_packets"
 # ports its 32 bits fill within hours: reported, but at severity ok.
 TELEMETRY_COUNTERS = frozenset({"port_xmit_wait"})
 # The counters that stand still on a healthy port (traffic moves the others),
-# watched by one change mark with the port's state (`_quiet`).
+# watched by one change mark with the port's state and rate (`_quiet`).
 QUIET_COUNTERS = (*FLAP_COUNTERS, *SYMBOL_COUNTERS, *RECEIVE_ERROR_COUNTERS, "port_xmit_discards")
+
+# The value each IBTA counter stands at once saturated.
+_SATURATION_MAX = {
+    name: limit
+    for name, bits in COUNTER_BITS.items()
+    if (limit := saturation_max(bits)) is not None
+}
 
 _PORT_PATTERN = re.compile(r"^[^/\s]+/[^/\s]+$")
 _WILDCARDS = frozenset("*?[")
@@ -231,14 +239,16 @@ def _capacity(sample: PortSample) -> float | None:
     return sample.rate_bytes_per_second
 
 
-def _quiet(sample: PortSample) -> tuple[int | None, ...]:
-    """The port's state and QUIET_COUNTERS: where these stood still since a
-    window began, no flap or error grew in it, which one change mark a poll
-    tells (where a Column each would take every sample in)."""
+def _quiet(sample: PortSample) -> tuple[int | float | None, ...]:
+    """The port's state, rate and QUIET_COUNTERS: where these stood still
+    since a window began, no flap or error grew in it, which one change mark a
+    poll tells (where a Column each would take every sample in); where they
+    stood still over the whole track, so did its state and rate (`_link_state`)."""
     counters = sample.counters
     return (
         sample.state_id,
         sample.physical_state_id,
+        sample.rate_bytes_per_second,
         *(counters.get(name) for name in QUIET_COUNTERS),
     )
 
@@ -275,6 +285,9 @@ def _standing(track: Ports, quiet_since: int, first: int) -> Standing:
 
 
 def _saturated(track: Ports, first: int, last: int, name: str, still: Standing) -> bool:
+    if name not in COUNTER_BITS:
+        # Not an IBTA counter of a fixed width (port_rcv_packets): it never saturates.
+        return False
     if still is not None and name in QUIET_COUNTERS:
         return is_saturated(still.get(name), COUNTER_BITS.get(name))
     return _column(track, name).saturated(first, last)
@@ -301,20 +314,12 @@ def _capacity_bits(track: Ports, stretch: tuple[int, int]) -> float:
     return track.area((NAME, "capacity"), _capacity).integral(*stretch) * BITS_PER_BYTE
 
 
-def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _Verdicts) -> None:
+def _link_state(
+    port: Port, track: Ports, quiet_since: int, config: InfinibandCheckConfig, out: _Verdicts
+) -> None:
     latest = track.samples[-1]
     state_bad = latest.state_id is not None and latest.state_id != ACTIVE
     physical_bad = latest.physical_state_id is not None and latest.physical_state_id != LINK_UP
-    evidence: dict[str, float | int | str] = {
-        key: value
-        for key, value in (
-            ("state_id", latest.state_id),
-            ("state", latest.state),
-            ("physical_state_id", latest.physical_state_id),
-            ("physical_state", latest.physical_state),
-        )
-        if value is not None
-    }
     if state_bad or physical_bad:
         state = latest.state or latest.state_id or "?"
         physical = latest.physical_state or latest.physical_state_id or "?"
@@ -324,13 +329,15 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
             Severity.CRITICAL,
             f"port is {state}/{physical}, expected ACTIVE/LinkUp",
             Action.INSPECT_HARDWARE,
-            evidence,
+            _state_evidence(latest),
         )
         return
     rate = latest.rate_bytes_per_second
     if rate is None or latest.state_id != ACTIVE:
         return
-    if track.last_change((NAME, "active rate"), _active_rate):
+    # A mark of its own only where the quiet fields (the state and rate among
+    # them) changed at all: on a healthy port, none to bring up to date.
+    if quiet_since and track.last_change((NAME, "active rate"), _active_rate):
         seen = [s.rate_bytes_per_second for s in track.samples if s.state_id == ACTIVE]
     else:
         # The same state and rate throughout: the latest one's.
@@ -345,11 +352,25 @@ def _link_state(port: Port, track: Ports, config: InfinibandCheckConfig, out: _V
             f"expected {expected / BYTES_PER_GIGABIT:g} Gb/s",
             Action.INSPECT_HARDWARE,
             {
-                **evidence,
+                **_state_evidence(latest),
                 "rate_gbps": rate / BYTES_PER_GIGABIT,
                 "expected_gbps": expected / BYTES_PER_GIGABIT,
             },
         )
+
+
+def _state_evidence(latest: PortSample) -> dict[str, float | int | str]:
+    """The port's state as read, for a finding (only made for one: most polls have none)."""
+    return {
+        key: value
+        for key, value in (
+            ("state_id", latest.state_id),
+            ("state", latest.state),
+            ("physical_state_id", latest.physical_state_id),
+            ("physical_state", latest.physical_state),
+        )
+        if value is not None
+    }
 
 
 def _active_rate(sample: PortSample) -> tuple[bool, float | None]:
@@ -390,10 +411,11 @@ def _flaps(
     out: _Verdicts,
 ) -> None:
     recent = (track.before(now - config.flap_window), len(track) - 1)
-    still = _standing(track, quiet_since, recent[0])
-    downed, recovered = (_increase(track, recent, name, still) for name in FLAP_COUNTERS)
-    # The state stood still too: never seen to leave ACTIVE/LinkUp.
-    drops = 0 if still is not None else _drops(track, recent[0])
+    if _standing(track, quiet_since, recent[0]) is not None:
+        # The flap counters and the state stood still over the window: no flap.
+        return
+    downed, recovered = (_increase(track, recent, name, None) for name in FLAP_COUNTERS)
+    drops = _drops(track, recent[0])
     # Each drop seen also counts on link_downed where that counter still moves:
     # the larger of the two, never their sum.
     downs = max(int(downed.increase), drops)
@@ -552,6 +574,9 @@ def _congestion(
                     "saturated": int(wait.saturated),
                 },
             )
+    if still is not None:
+        # port_xmit_discards stood still over the window: nothing discarded.
+        return
     discards_judged = _judged(track, first, ("port_xmit_discards",), still)
     discards = _increase(track, discards_judged, "port_xmit_discards", still)
     if discards.increase >= config.xmit_discards_warn_count:
@@ -571,11 +596,12 @@ def _congestion(
 
 
 def _saturation(port: Port, track: Ports, out: _Verdicts) -> None:
-    latest = track.samples[-1]
+    counters = track.samples[-1].counters
+    # What is_saturated says of each counter, at a comparison each: every port, every poll.
     stuck = {
-        name: latest.counters[name]
-        for name, bits in COUNTER_BITS.items()
-        if is_saturated(latest.counters.get(name), bits)
+        name: value
+        for name, limit in _SATURATION_MAX.items()
+        if (value := counters.get(name)) is not None and value >= limit
     }
     for name in stuck:
         out.measure("counter_saturated", port, 1.0, counter=name)
@@ -671,11 +697,11 @@ def run(
             if port in expected:
                 _missing(port, track.times[-1], now, port in remembered, out)
             continue
-        if port in expected:
-            _link_state(port, track, config, out)
         # Where the quiet fields last changed: windows from there on are judged
         # with no Column of theirs.
         quiet_since = track.last_change((NAME, "quiet"), _quiet)
+        if port in expected:
+            _link_state(port, track, quiet_since, config, out)
         _flaps(port, track, quiet_since, now, config, out)
         _bit_errors(port, track, quiet_since, now, config, out)
         _congestion(port, track, quiet_since, now, config, out)

@@ -194,7 +194,8 @@ def run(
         window = [
             (time, s) for time, s in track.tail(track.at_or_before(now - config.window)) if s.read
         ]
-        down = {link.link for _, s in window for link in s.nvlinks if link.up is False}
+        links = _distinct_links(window)
+        down = {link.link for sample_links in links for link in sample_links if link.up is False}
         was_up = _seen_up(track.samples[:-1], down) if down else set()
         # A link whose counters have not moved since before the oldest window
         # grew by nothing in any window: nothing to judge. One mark over all
@@ -214,8 +215,19 @@ def run(
             if link.ber:
                 findings.extend(_ber(link, config))
         if track.times[0] <= now - config.window:
-            findings.extend(_missing(latest, window, was_up, learned, config))
+            findings.extend(_missing(latest, window, links, was_up, learned, config))
     return CheckOutput(findings=tuple(findings))
+
+
+def _distinct_links(window: Sequence[tuple[float, GpuSample]]) -> list[tuple[LinkSample, ...]]:
+    """The window's links, oldest first, a run of samples with the same links
+    once: the NVML source hands a GPU's sample the last one's links where none
+    changed, so a healthy GPU's window judges its 18 links once, not each poll's."""
+    distinct: list[tuple[LinkSample, ...]] = []
+    for _, sample in window:
+        if not distinct or sample.nvlinks is not distinct[-1]:
+            distinct.append(sample.nvlinks)
+    return distinct
 
 
 def _link_series(
@@ -363,13 +375,15 @@ def _ber(link: LinkSample, config: NvlinkConfig) -> Iterator[Finding]:
     )
 
 
-def _shortfall(sample: GpuSample, expected: int, was_up: set[int]) -> tuple[int, list[int]]:
-    """How many links short of `expected` the GPU is in `sample`, and which of
-    its links were never up. A link of unknown state is given the benefit of
-    the doubt; one down after being up is `_down`'s."""
-    never_up = [link.link for link in sample.nvlinks if link.up is False]
+def _shortfall(
+    links: tuple[LinkSample, ...], expected: int, was_up: set[int]
+) -> tuple[int, list[int]]:
+    """How many links short of `expected` the GPU is with `links` (one
+    sample's), and which of them were never up. A link of unknown state is
+    given the benefit of the doubt; one down after being up is `_down`'s."""
+    never_up = [link.link for link in links if link.up is False]
     never_up = [number for number in never_up if number not in was_up]
-    return expected - (len(sample.nvlinks) - len(never_up)), never_up
+    return expected - (len(links) - len(never_up)), never_up
 
 
 def _expected(
@@ -394,17 +408,19 @@ def _expected(
 def _missing(
     latest: GpuSample,
     window: Sequence[tuple[float, GpuSample]],
+    links: Sequence[tuple[LinkSample, ...]],
     was_up: set[int],
     learned: LearnedLinks,
     config: NvlinkConfig,
 ) -> Iterator[Finding]:
     """Fewer links up than expected in every sample of the last window (the
     caller makes sure history covers it): a one-poll gap (a link state that
-    timed out at the first poll) is not one."""
+    timed out at the first poll) is not one. `links`: the window's, as
+    `_distinct_links` gives them."""
     expected, why = _expected(latest, window, learned, config)
     if not expected or not window:
         return
-    short = [_shortfall(sample, expected, was_up) for _, sample in window]
+    short = [_shortfall(sample_links, expected, was_up) for sample_links in links]
     if min(missing for missing, _ in short) <= 0:
         return
     missing, never_up = short[-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 
 from gpuwatchd.checks import (
     CheckOutput,
@@ -114,8 +115,8 @@ def run_all(inputs: CheckInputs, config: ChecksConfig) -> ChecksRun:
             log.debug("check %s failed", name, exc_info=True)
     return ChecksRun(
         output=CheckOutput(
-            findings=tuple(f for output in outputs for f in output.findings),
-            measurements=tuple(m for output in outputs for m in output.measurements),
+            findings=tuple(chain.from_iterable(output.findings for output in outputs)),
+            measurements=tuple(chain.from_iterable(output.measurements for output in outputs)),
         ),
         failed=failed,
     )

@@ -42,6 +42,11 @@ HW_SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slo
 _HW_SLOWDOWN_BITS = reduce(or_, (CLOCKS_EVENT_REASONS[reason] for reason in HW_SLOWDOWN_REASONS))
 # The driver's cumulative counters of those causes (THROTTLE_REASONS names).
 HW_SLOWDOWN_COUNTERS = ("hw_thermal_slowdown", "hw_power_brake_slowdown")
+# The violation counters that stand still on a healthy board, watched by one
+# change mark (where they did not move, none did) before a mark each: a busy
+# board at its power limit counts power throttling nearly every poll (the
+# simulated H100s do), the other reasons hardly ever.
+STEADY_REASONS = tuple(reason for reason in THROTTLE_REASONS if reason != "power")
 
 
 @dataclass(frozen=True)
@@ -116,13 +121,20 @@ def run(history: History, now: float, config: ThermalConfig) -> CheckOutput:
 def _throttle_ratios(track: Track[GpuSample], now: float, window: float) -> dict[str, float]:
     """Share of the window spent in each violation, for the reasons NVML counts."""
     first, last = track.at_or_before(now - window), track.upto(now)
+    latest, spanned = track.samples[-1], track.times[last] > track.times[first]
+    steady = track.last_change((NAME, "steady"), _steady_seconds) <= first
     ratios: dict[str, float] = {}
     for reason in THROTTLE_REASONS:
         seconds = _VIOLATION_SECONDS[reason]
-        if track.last_change((NAME, "moved", reason), seconds) <= first:
+        # Power, which moves nearly every poll, goes to its Column at once: a
+        # mark would cost it a poll more. Where a mark says a counter stood
+        # still over the window, its Column would say it grew by nothing.
+        if reason in STEADY_REASONS and (
+            steady or track.last_change((NAME, "moved", reason), seconds) <= first
+        ):
             # Stood still over the window (a change mark costs a poll less
             # than a Column): no throttling, wherever the counter is present.
-            if seconds(track.samples[-1]) is not None and track.times[last] > track.times[first]:
+            if seconds(latest) is not None and spanned:
                 ratios[reason] = 0.0
             continue
         grown = track.column((NAME, reason), seconds).increase(first, last, track.times)
@@ -137,6 +149,11 @@ def _violation_seconds(reason: str, sample: GpuSample) -> float | None:
 
 
 _VIOLATION_SECONDS = {reason: partial(_violation_seconds, reason) for reason in THROTTLE_REASONS}
+
+
+def _steady_seconds(sample: GpuSample) -> tuple[float | None, ...]:
+    seconds = sample.throttle_seconds
+    return tuple(seconds.get(reason) for reason in STEADY_REASONS)
 
 
 def _throttling(
