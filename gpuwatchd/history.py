@@ -500,7 +500,9 @@ class _Samples(Sequence[T]):
         return self._columns.at(self.first + position)
 
     def append(self, sample: T) -> None:
-        if self._columns is not None:
+        # The last sample again (a source hands back one that did not
+        # change) leaves every column as it stands: nothing to put.
+        if self._columns is not None and not (self._whole and self._whole[-1] is sample):
             self._columns.put(self.first + self._count, sample)
         self._whole.append(sample)
         self._count += 1

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -226,28 +227,29 @@ def evaluate(
     # policy decides afresh.
     quarantines = {q.subject: q for q in prior.quarantines if config.dry_run or not q.dry_run}
     observed = set(subjects)
-    names = sorted(
+    names = (
         observed
         | found.keys()
         | quarantines.keys()
         | {s.subject for s in prior.subjects if s.health is not Health.HEALTHY}
     )
     # Most subjects, most polls: healthy, quiet and without a quarantine. Their
-    # state stays as it is whatever the time, so they need no judging.
+    # state stays as it is whatever the time, so they need no judging. (A
+    # healthy subject is among the names only as an observed one.)
     resting = [
         state
-        for name in names
-        if name != NODE
-        and name not in found
-        and name not in quarantines
-        and (state := prior.subject(name)) is not None
-        and _resting(state)
+        for state in prior.subjects
+        if _resting(state)
+        and state.subject in observed
+        and state.subject != NODE
+        and state.subject not in found
+        and state.subject not in quarantines
     ]
     rested = {state.subject for state in resting}
     tracked = {
         name: _track(prior.subject(name), name, found.get(name, {}), now)
-        for name in names
-        if name != NODE and name not in rested
+        for name in sorted(names - rested)
+        if name != NODE
     }
     decisions: list[Decision] = []
     for name, state in tracked.items():
@@ -259,9 +261,9 @@ def evaluate(
     states, node_health = _settle_all(
         prior, tracked, node, found, quarantines, observed, now, config, blind
     )
-    states.extend(state for state in resting if state.subject in observed)
+    judged = sorted(states, key=_subject_name)
     new_state = PolicyState(
-        subjects=tuple(sorted(states, key=lambda s: s.subject)),
+        subjects=tuple(sorted([*judged, *resting], key=_subject_name)),
         quarantines=tuple(quarantines[name] for name in sorted(quarantines)),
         revision=prior.revision,
     )
@@ -274,7 +276,8 @@ def evaluate(
         decisions=tuple(decisions),
         raised=_raised(prior, found),
         cleared=_cleared(prior, found, now),
-        changes=_changes(prior, new_state, now),
+        # A resting subject's state is the prior's own: its health did not change.
+        changes=_changes(prior, judged, now),
     )
 
 
@@ -681,9 +684,11 @@ def _cleared(
     )
 
 
-def _changes(prior: PolicyState, new: PolicyState, now: float) -> tuple[HealthChange, ...]:
+def _changes(
+    prior: PolicyState, states: Iterable[SubjectState], now: float
+) -> tuple[HealthChange, ...]:
     changes = []
-    for state in new.subjects:
+    for state in states:
         prev = prior.subject(state.subject)
         before = prev.health if prev is not None else None
         # A subject first seen healthy is no news; anything else is.
@@ -692,17 +697,20 @@ def _changes(prior: PolicyState, new: PolicyState, now: float) -> tuple[HealthCh
     return tuple(changes)
 
 
+_subject_name = attrgetter("subject")
+
+
 def _replace_quarantine(
     quarantines: Sequence[Quarantine], subject: str, new: Quarantine | None
 ) -> tuple[Quarantine, ...]:
     kept = [q for q in quarantines if q.subject != subject]
     if new is not None:
         kept.append(new)
-    return tuple(sorted(kept, key=lambda q: q.subject))
+    return tuple(sorted(kept, key=_subject_name))
 
 
 def _replace_subject(
     subjects: Sequence[SubjectState], new: SubjectState
 ) -> tuple[SubjectState, ...]:
     kept = [s for s in subjects if s.subject != new.subject]
-    return tuple(sorted([*kept, new], key=lambda s: s.subject))
+    return tuple(sorted([*kept, new], key=_subject_name))

@@ -193,3 +193,27 @@ def test_a_full_track_turning_over_holds_no_more_memory(as_columns: bool) -> Non
         tracemalloc.stop()
     grown = sum(stat.size_diff for stat in turned.compare_to(full, "filename"))
     assert grown < 1024
+
+
+@settings(derandomize=True, max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=30))
+def test_a_sample_handed_over_again_as_the_same_object_reads_back_at_every_position(
+    plan: list[tuple[int, bool]],
+) -> None:
+    # A source hands back its last sample where nothing changed (0 here): the
+    # track, keeping only its latest sample whole, puts nothing for it and must
+    # still read it back at each position, around replaced samples too.
+    others = (_Sample(1), _Sample(2), _Sample(1.0))
+    track = _track(1000, as_columns=True)
+    expected: list[_Sample] = []
+    time = 0.0
+    for which, replacing in plan:
+        sample = others[which] if which or not expected else expected[-1]
+        if replacing and expected:
+            expected[-1] = sample
+        else:
+            time += 10
+            expected.append(sample)
+        track.append(time, sample)
+    read = [(s.value, type(s.value)) for s in track.samples]
+    assert read == [(s.value, type(s.value)) for s in expected]

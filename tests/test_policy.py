@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from itertools import pairwise
 
 import pytest
 from gpu_history import POLL, T0, gpu, link, record
@@ -339,3 +340,28 @@ def test_policy_settings_load_from_yaml_with_durations_and_null() -> None:
     assert (config.confirm_for, config.release_after, config.dry_run) == (600.0, None, True)
     with pytest.raises(SettingsError, match="node_quarantine_ratio"):
         load(PolicyConfig, "node_quarantine_ratio: 0\n")
+
+
+def test_resting_subjects_keep_their_states_in_order_while_one_among_them_recovers() -> None:
+    results = run([[throttling("gpu:1")]] * 4 + [[]] * 31)
+    for before, after in pairwise(results):
+        names = [s.subject for s in after.state.subjects]
+        assert names == sorted(SUBJECTS)
+        # A healthy, quiet subject is carried over as it was, not judged anew.
+        for name in ("gpu:0", "gpu:2", "gpu:7", "nvlink:5/7"):
+            assert after.state.subject(name) is before.state.subject(name)
+    # The one poll at which gpu:1 (and with it the node) is healthy again.
+    [recovered] = [r for r in results if r.changes and r.changes[0].after is Health.HEALTHY]
+    assert [(c.subject, c.before, c.after) for c in recovered.changes] == [
+        ("gpu:1", Health.DEGRADED, Health.HEALTHY),
+        ("node", Health.DEGRADED, Health.HEALTHY),
+    ]
+    assert recovered.changes[0].time == T0 + 330.0
+
+
+def test_a_resting_subject_no_longer_observed_leaves_the_state() -> None:
+    [first] = run([[]])
+    gone = evaluate([], first.state, T0 + POLL, CONFIG, [s for s in SUBJECTS if s != "gpu:7"])
+    assert first.state.subject("gpu:7") is not None
+    assert gone.state.subject("gpu:7") is None and "gpu:7" not in gone.health
+    assert gone.changes == ()

@@ -99,12 +99,13 @@ class SampleTexts:
     (and mappings) where none changed, and a PCIe function's sample is most
     polls equal to the last one. Keyed by the objects themselves (frozen, and
     held here, so never another's), or by a sample that `_same_json` says is
-    written the same."""
+    written the same. (The PCIe source hands over the last poll's sample
+    itself where its files read the same.)"""
 
     def __init__(self) -> None:
         self._links: dict[str, tuple[tuple[LinkSample, ...], str]] = {}
         self._xid_counts: dict[str, tuple[Mapping[int, int], str]] = {}
-        self._functions: dict[str, tuple[tuple[object, ...], str]] = {}
+        self._functions: dict[str, tuple[PcieFunctionSample, tuple[object, ...], str]] = {}
 
     def gpu(self, sample: GpuSample, uuid: str) -> str:
         """A GpuSample as JSON: mappings with tuple or int keys become lists;
@@ -120,12 +121,15 @@ class SampleTexts:
         return f'{head}, "nvlinks": {links}, "xid_counts": {xid_counts}}}'
 
     def pcie(self, sample: PcieFunctionSample) -> str:
-        values = _pcie_fields(sample)
         last = self._functions.get(sample.address)
-        if last is not None and _same_json(last[0], values):
-            return last[1]
-        text = json.dumps(_encode_pcie(sample))
-        self._functions[sample.address] = (values, text)
+        if last is not None and last[0] is sample:
+            return last[2]
+        values = _pcie_fields(sample)
+        if last is not None and _same_json(last[1], values):
+            text = last[2]
+        else:
+            text = json.dumps(_encode_pcie(sample))
+        self._functions[sample.address] = (sample, values, text)
         return text
 
     def _links_text(self, uuid: str, links: tuple[LinkSample, ...]) -> str:
