@@ -40,6 +40,7 @@ class Api:
         token: str | None = "",
         raw: bytes | None = None,
         context: ssl.SSLContext | None = None,
+        timeout: float = 5.0,
     ) -> tuple[int, Any]:
         headers = {"Content-Type": "application/json"}
         token = self.secret if token == "" else token
@@ -48,7 +49,7 @@ class Api:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
                 return response.status, json.load(response)
         except urllib.error.HTTPError as error:
             return error.code, json.load(error)
