@@ -17,8 +17,7 @@ from gpu_history import POLL, T0
 from test_pcie_aer import GPU_ADDRESS, aer_file, function_dir, node_tree
 
 from gpuwatchd.sources import PcieSourceConfig
-from gpuwatchd.sources.infiniband import HeldFiles
-from gpuwatchd.sources.pcie import PcieSource
+from gpuwatchd.sources.pcie import HeldFiles, PcieSource
 
 
 def settled(directory: Path) -> Path:

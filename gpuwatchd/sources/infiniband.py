@@ -40,7 +40,6 @@ import errno
 import logging
 import os
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -127,82 +126,6 @@ def read_bytes(path: str, folder: int | None = None) -> bytes:
         return os.read(descriptor, 4096)
     finally:
         os.close(descriptor)
-
-
-# A directory's mtime (which an entry created, removed or renamed over moves)
-# is trusted to tell a change only where it was taken well after the
-# directory last changed: file systems stamp from a coarse clock (a jiffy on
-# ext4, xfs and tmpfs; 2 s on FAT), so a change in the tick of the stamp
-# could leave it as it was (git's "racy" index entries).
-RACY_NANOSECONDS = 2_000_000_000
-
-
-class HeldFiles:
-    """Files of one directory held open between polls and read at offset 0.
-
-    On sysfs that is how an attribute is read again: a read at offset 0 calls
-    its show() anew (Documentation/filesystems/sysfs.rst: "If userspace seeks
-    back to zero or does a pread(2) with an offset of '0' the show() method
-    will be called again, rearmed, to fill the buffer"), and once its device
-    is removed a held file's read fails (kernfs_seq_start: ENODEV). A tree of
-    plain files (a capture, the simulator, a test's) changes by files renamed
-    over others or removed, and there a held file would go on saying what the
-    replaced one said. So each read first stats the directory by its path and
-    opens the files again where the path names another directory, one whose
-    entries changed since (which moves its mtime), or one that changed too
-    shortly before they were opened for its stamp to tell.
-    """
-
-    def __init__(self, directory: str, names: tuple[str, ...]) -> None:
-        self.directory = directory
-        self.names = names
-        self._stamp: tuple[int, int, int, int] | None = None
-        self._descriptors: tuple[int, ...] = ()
-
-    def read(self) -> tuple[bytes, ...] | None:
-        """Every file's bytes; None where the directory or any file does not
-        read (the caller then reads them one by one, and says what is wrong)."""
-        try:
-            status = os.stat(self.directory)
-        except OSError:
-            self.close()
-            return None
-        stamp = (status.st_dev, status.st_ino, status.st_mtime_ns, status.st_ctime_ns)
-        if stamp != self._stamp:
-            self._open(stamp, status.st_mtime_ns)
-        if not self._descriptors:
-            return None  # they did not open at this stamp: not tried again until it moves
-        try:
-            return tuple(os.pread(descriptor, 4096, 0) for descriptor in self._descriptors)
-        except OSError:
-            self.close()
-            return None
-
-    def _open(self, stamp: tuple[int, int, int, int], modified_ns: int) -> None:
-        self.close()
-        opened: list[int] = []
-        try:
-            for name in self.names:
-                path = f"{self.directory}/{name}"
-                opened.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
-        except OSError:
-            for descriptor in opened:
-                os.close(descriptor)
-            opened = []
-        self._descriptors = tuple(opened)
-        racy = time.time_ns() - modified_ns < RACY_NANOSECONDS
-        self._stamp = None if racy else stamp
-
-    def close(self) -> None:
-        for descriptor in self._descriptors:
-            os.close(descriptor)
-        self._descriptors = ()
-        self._stamp = None
-
-    def __del__(self) -> None:
-        # A source dropped unclosed (a one-off reader, a test's) must not
-        # leave its descriptors open for the rest of the process.
-        self.close()
 
 
 def text_of(data: bytes) -> str:
